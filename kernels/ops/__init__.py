@@ -1,0 +1,6 @@
+"""The op declarations. Importing this package declares every op in the registry.
+
+Use them as ``from kernels.ops import norm; norm.rmsnorm(x, w, eps)``.
+"""
+
+from . import act, gemm, moe, norm, quant, rope  # noqa: F401

@@ -1,0 +1,45 @@
+"""``gemm.fp8_block``: FP8 GEMM with per-token-group activation scales and 128x128 weight scales."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cases import Case, randn
+from ..registry import declare
+from .quant import BLOCK, act_quant_reference, quantize_weight
+
+
+def fp8_block_reference(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``out[m, n] = sum_k A[m, k] * sa[m, k // 128] * B[n, k] * sb[n // 128, k // 128]``.
+
+    ``a``: [M, K] float8_e4m3fn with ``a_scale`` [M, K // 128] fp32 (from ``quant.act_quant``);
+    ``b``: [N, K] float8_e4m3fn with ``b_scale`` [ceil(N / 128), K // 128] fp32 (a checkpoint's
+    ``weight_scale_inv``). K is a multiple of 128. Both sides are dequantized to fp32 and
+    multiplied in fp32; the result is rounded once to ``out_dtype``.
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    a32 = a.float() * a_scale.float().repeat_interleave(BLOCK, dim=1)[:, :k]
+    b32 = b.float() * b_scale.float().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return (a32 @ b32.t()).to(out_dtype)
+
+
+def _cases(quick: bool) -> list[Case]:
+    def make(m, n, k, out_dtype):
+        def build(gen, device):
+            x = randn(gen, (m, k), torch.float32, device)
+            w = randn(gen, (n, k), torch.float32, device, k ** -0.5)
+            a, sa = act_quant_reference(x)
+            b, sb = quantize_weight(w)
+            return (a, sa, b, sb), {"out_dtype": out_dtype}
+        return build
+
+    if quick:
+        shapes = [(5, 200, 256), (33, 128, 384)]
+    else:
+        shapes = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
+    return [Case(f"{m}x{n}x{k}-{str(dt)[6:]}", make(m, n, k, dt), quick=quick) for m, n, k in shapes for dt in (torch.bfloat16, torch.float32)]
+
+
+fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases)
+fp8_block.backend("triton", "kernels.triton.gemm:fp8_block")

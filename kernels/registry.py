@@ -1,0 +1,227 @@
+"""The ops registry: every op declared once, its backend chosen once per process and traced.
+
+An op has a name ``group.op``, a torch reference (the semantic definition, fp32 math on
+upcast inputs) and optional faster backends, each named by a lazy ``"module:function"``
+path so that ``import kernels`` never imports Triton.
+
+Backend choice, resolved once per op per process on first use:
+
+* ``ENGINE_OPS_BACKEND_<OP>`` (op name upper-cased, dots to underscores), else
+* ``ENGINE_OPS_BACKEND``, else
+* ``triton`` where Triton can run here (compiled on CUDA or under ``TRITON_INTERPRET=1``),
+  else ``torch``.
+
+If the requested backend cannot serve the op, the op falls back to ``torch`` and prints one
+notice per op per process; with ``ENGINE_OPS_STRICT=1`` it raises :class:`StrictFallbackError`
+instead, naming the op, the backend and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import backend_env
+
+TORCH = "torch"
+
+
+class StrictFallbackError(RuntimeError):
+    """Raised under ENGINE_OPS_STRICT=1 when an op would fall back to another backend."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Which backend an op resolved to, and why it is not the requested one if so."""
+
+    op: str
+    requested: str
+    backend: str
+    reason: str | None = None
+
+    @property
+    def fell_back(self) -> bool:
+        return self.backend != self.requested
+
+
+@dataclass
+class Op:
+    """One declared op. Call it like a function; the backend is resolved on first call.
+
+    ``outputs`` names the returned tensors (a single tensor when there is one name);
+    ``exact`` lists the outputs that every backend must reproduce bit for bit.
+    ``cases`` returns the op's A/B cases (see :mod:`kernels.cases`); ``tolerances`` overrides
+    :data:`kernels.tolerance.TOLERANCES` per dtype where the op's math needs it (say why there).
+    """
+
+    name: str
+    reference: Callable[..., Any]
+    outputs: tuple[str, ...]
+    exact: tuple[str, ...] = ()
+    cases: Callable[[bool], list] | None = None
+    tolerances: dict = field(default_factory=dict)
+    backends: dict[str, str] = field(default_factory=dict)
+    _impl: Callable[..., Any] | None = field(default=None, repr=False)
+    _resolution: Resolution | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.__doc__ = self.reference.__doc__
+
+    def backend(self, name: str, target: str) -> None:
+        """Declare backend ``name`` implemented by ``"module:function"`` (imported lazily)."""
+        self.backends[name] = target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        impl = self._impl
+        if impl is None:
+            impl = self._resolve_impl()
+        return impl(*args, **kwargs)
+
+    def resolution(self) -> Resolution:
+        if self._resolution is None:
+            self._resolve_impl()
+        assert self._resolution is not None
+        return self._resolution
+
+    def load(self, backend: str) -> Callable[..., Any]:
+        """The implementation of ``backend`` for this op; raises BackendUnavailable with why not."""
+        if backend == TORCH:
+            return self.reference
+        if backend not in self.backends:
+            known = ", ".join([TORCH, *self.backends]) or TORCH
+            raise BackendUnavailable(f"op has no '{backend}' backend (it has: {known})")
+        why_not = backend_env.unavailable_reason(backend)
+        if why_not:
+            raise BackendUnavailable(why_not)
+        module_name, _, attr = self.backends[backend].partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is a reason to report
+            raise BackendUnavailable(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
+        return getattr(module, attr)
+
+    def _resolve_impl(self) -> Callable[..., Any]:
+        requested = requested_backend(self.name)
+        try:
+            impl = self.load(requested)
+            self._resolution = Resolution(self.name, requested, requested)
+        except BackendUnavailable as exc:
+            reason = str(exc)
+            if strict():
+                raise StrictFallbackError(
+                    f"{self.name}: backend '{requested}' is unavailable ({reason}) and "
+                    f"ENGINE_OPS_STRICT=1 refuses the fallback to '{TORCH}'"
+                ) from None
+            self._resolution = Resolution(self.name, requested, TORCH, reason)
+            print(
+                f"[kernels] {self.name}: backend '{requested}' unavailable ({reason}); using '{TORCH}'",
+                file=sys.stderr,
+            )
+            impl = self.reference
+        self._impl = impl
+        return impl
+
+    def reset(self) -> None:
+        """Forget the resolved backend (tests change the environment between resolutions)."""
+        self._impl = None
+        self._resolution = None
+
+
+class BackendUnavailable(Exception):
+    """A backend cannot serve an op here; the message says why."""
+
+
+_OPS: dict[str, Op] = {}
+
+
+def declare(
+    name: str,
+    reference: Callable[..., Any],
+    outputs: tuple[str, ...],
+    exact: tuple[str, ...] = (),
+    cases: Callable[[bool], list] | None = None,
+    tolerances: dict | None = None,
+) -> Op:
+    """Declare op ``name`` with its torch reference; returns the callable :class:`Op`."""
+    if name in _OPS:
+        raise ValueError(f"op {name!r} is declared twice")
+    if name.count(".") != 1:
+        raise ValueError(f"op name {name!r} must have the form 'group.op'")
+    unknown = set(exact) - set(outputs)
+    if unknown:
+        raise ValueError(f"op {name!r}: exact outputs {sorted(unknown)} are not among {outputs}")
+    op = Op(name, reference, tuple(outputs), tuple(exact), cases, dict(tolerances or {}))
+    _OPS[name] = op
+    return op
+
+
+def ops() -> dict[str, Op]:
+    """All declared ops by name (importing :mod:`kernels.ops` declares them)."""
+    from . import ops as _declare_all  # noqa: F401
+
+    return dict(sorted(_OPS.items()))
+
+
+def get(name: str) -> Op:
+    try:
+        return ops()[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(ops())}") from None
+
+
+def strict() -> bool:
+    return os.environ.get("ENGINE_OPS_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def default_backend() -> str:
+    return "triton" if backend_env.unavailable_reason("triton") is None else TORCH
+
+
+def requested_backend(op_name: str) -> str:
+    per_op = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
+    value = os.environ.get(per_op) or os.environ.get("ENGINE_OPS_BACKEND") or default_backend()
+    return value.strip().lower()
+
+
+def verify() -> dict[str, Any]:
+    """Resolve every op now; under strict mode raise at the first fallback. Returns report()."""
+    for op in ops().values():
+        op.resolution()
+    return report()
+
+
+def report() -> dict[str, Any]:
+    """Which backend each op resolved to and every fallback with its reason (JSON-ready).
+
+    Ops are resolved here if they have not been yet, except that under strict mode an op that
+    would fall back is reported as ``"backend": null`` with its reason instead of raising.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    fallbacks: list[dict[str, str]] = []
+    for name, op in ops().items():
+        try:
+            res = op.resolution()
+        except StrictFallbackError as exc:
+            entries[name] = {"requested": requested_backend(name), "backend": None, "reason": str(exc)}
+            fallbacks.append({"op": name, "requested": requested_backend(name), "used": None, "reason": str(exc)})
+            continue
+        entries[name] = {"requested": res.requested, "backend": res.backend, "reason": res.reason}
+        if res.fell_back:
+            fallbacks.append({"op": name, "requested": res.requested, "used": res.backend, "reason": res.reason or ""})
+    return {
+        "strict": strict(),
+        "default_backend": default_backend(),
+        "triton": backend_env.triton_info(),
+        "ops": entries,
+        "fallbacks": fallbacks,
+    }
+
+
+def reset() -> None:
+    """Forget every op's resolution (for tests that change the environment)."""
+    for op in _OPS.values():
+        op.reset()
+    backend_env.reset()

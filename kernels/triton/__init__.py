@@ -1,0 +1,1 @@
+"""Triton backends of the ops. Imported only when the registry resolves an op to ``triton``."""

@@ -1,0 +1,44 @@
+"""Test session setup: Triton under the interpreter without a GPU, and the gpu/docker markers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a test requirement
+    HAS_CUDA = False
+
+if not HAS_CUDA:
+    # Must be set before any @triton.jit function is created.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def docker_daemon_reason() -> str | None:
+    """None when a docker daemon answers, else why not."""
+    if shutil.which("docker") is None:
+        return "no docker client on PATH"
+    try:
+        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker info failed: {exc}"
+    return None if proc.returncode == 0 else f"no docker daemon ({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'docker info failed'})"
+
+
+def pytest_collection_modifyitems(config, items):
+    docker_reason = None
+    if any("docker" in item.keywords for item in items):
+        docker_reason = docker_daemon_reason()
+        if docker_reason and os.environ.get("BRINGUP_REQUIRE_DOCKER") == "1":
+            raise pytest.UsageError(f"BRINGUP_REQUIRE_DOCKER=1 but {docker_reason}")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "docker" in item.keywords and docker_reason:
+            item.add_marker(pytest.mark.skip(reason=docker_reason))
