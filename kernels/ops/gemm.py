@@ -6,6 +6,7 @@ import torch
 
 from ..cases import Case, randn
 from ..registry import declare
+from ..tolerance import Tolerance
 from .quant import BLOCK, act_quant_reference, quantize_weight
 
 
@@ -41,5 +42,12 @@ def _cases(quick: bool) -> list[Case]:
     return [Case(f"{m}x{n}x{k}-{str(dt)[6:]}", make(m, n, k, dt), quick=quick) for m, n, k in shapes for dt in (torch.bfloat16, torch.float32)]
 
 
-fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases)
+# fp32 output: Hopper's FP8 tensor cores accumulate each 128-deep K block with only about 14
+# mantissa bits before the kernel promotes the block's sum to fp32 (the limit DeepSeek-V3
+# reports; DeepGEMM promotes at the same granularity). Measured on an H200: up to 2.2e-4 of
+# max|ref| at K = 1536..16384, so fp32 outputs get rtol 1e-3 instead of 2e-5. bf16 output keeps
+# its tolerance: its own rounding (3.9e-3) dominates.
+_FP8_ACCUMULATION = {torch.float32: Tolerance(atol=1e-6, rtol=1e-3)}
+
+fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases, tolerances=_FP8_ACCUMULATION)
 fp8_block.backend("triton", "kernels.triton.gemm:fp8_block")

@@ -21,12 +21,12 @@ def gate_reference(
 
     ``scores = sigmoid(logits)`` in fp32; ``biased = scores + bias`` (fp32 correction bias, or
     none). Experts form ``n_group`` equal groups; a group's score is the sum of its two best
-    biased scores; the ``topk_group`` best groups are kept and every expert of another group is
-    masked with ``-inf``. The ``top_k`` best biased scores among the kept experts give the ids,
-    in descending order of biased score (ties: lower id first). Weights are the unbiased
-    ``scores`` at those ids, divided by their sum when ``norm_topk_prob``, times
-    ``routed_scaling_factor``. Returns ``(weights fp32 [T, top_k], ids int64 [T, top_k])``; the
-    ids are exact.
+    biased scores; the ``topk_group`` best groups are kept (ties: lower group first) and every
+    expert of another group is masked with ``-inf``. The ``top_k`` best biased scores among the
+    kept experts give the ids, in descending order of biased score (ties: lower id first).
+    Weights are the unbiased ``scores`` at those ids, divided by their sum when
+    ``norm_topk_prob``, times ``routed_scaling_factor``. Returns
+    ``(weights fp32 [T, top_k], ids int64 [T, top_k])``; the ids are exact.
     """
     t, e = logits.shape
     scores = torch.sigmoid(logits.float())
@@ -34,7 +34,8 @@ def gate_reference(
     if n_group > 1:
         grouped = biased.view(t, n_group, e // n_group)
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-        keep = group_scores.topk(topk_group, dim=-1).indices
+        # Stable sort, not topk: equal group scores keep the lower group (topk's tie order is unspecified).
+        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
         mask = torch.ones(t, n_group, dtype=torch.bool, device=logits.device).scatter_(1, keep, False)
         biased = grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).view(t, e)
     # Stable descending sort gives the documented tie order (lower id first).

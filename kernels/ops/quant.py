@@ -46,7 +46,9 @@ def act_quant_reference(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str
         raise ValueError(f"last dimension {k} is not a multiple of group_size {group_size}")
     g = x.float().reshape(*x.shape[:-1], k // group_size, group_size)
     amax = g.abs().amax(dim=-1).clamp(min=AMAX_FLOOR)
-    s = amax / FP8_MAX
+    # A 0-dim tensor on amax's device, not a Python scalar: CUDA divides by a scalar as a
+    # multiply by its rounded reciprocal, which is not the IEEE division this contract states.
+    s = amax / amax.new_tensor(FP8_MAX)
     if scale_fmt == "ue8m0":
         s = ue8m0(s)
     q = (g / s.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)

@@ -1,0 +1,77 @@
+"""``moe.fused_experts``: the routed experts of a MoE layer, summed over each token's top-k."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cases import Case, randint, randn, uniform
+from ..registry import declare
+from .act import swiglu_quant_reference, swiglu_reference
+from .gemm import fp8_block_reference
+from .quant import BLOCK, act_quant_reference, quantize_weight
+
+
+def fused_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                            w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                            w2_scale: torch.Tensor | None = None, scale_fmt: str | None = None) -> torch.Tensor:
+    """``y[t] = sum_k topk_weights[t, k] * down_e(swiglu(gate_up_e(x[t])))`` with ``e = topk_ids[t, k]``.
+
+    ``x`` [T, D]; ``topk_ids`` [T, K] int (``-1``: the expert is not on this rank, contributes
+    zero); ``topk_weights`` [T, K] fp32; ``w13`` [E, 2I, D] (gate rows, then up rows) and
+    ``w2`` [E, D, I] in bf16/fp32, or float8_e4m3fn with ``w13_scale`` [E, ceil(2I/128), D/128]
+    and ``w2_scale`` [E, ceil(D/128), I/128] (128x128 block scales).
+
+    Rounding points (what a fused kernel must reproduce): with bf16/fp32 weights, ``gate_up``
+    is computed in fp32 and rounded to x's dtype, ``swiglu`` as ``act.swiglu``; with FP8
+    weights, x is quantized by ``quant.act_quant`` (``scale_fmt``), ``gate_up`` is
+    ``gemm.fp8_block`` into x's dtype and ``act.swiglu_quant`` feeds the down GEMM. Every
+    expert's down output stays fp32 for the weighted sum, rounded once to x's dtype.
+    Fixed shapes, no host synchronization (capture-safe); this reference runs every local
+    expert on every token, a fused kernel only the routed pairs.
+    """
+    fp8 = w13_scale is not None
+    if fp8 != (w2_scale is not None):
+        raise ValueError("moe.fused_experts: give both w13_scale and w2_scale (FP8 weights) or neither")
+    num_experts = w13.shape[0]
+    coeff = torch.zeros(x.shape[0], num_experts + 1, dtype=torch.float32, device=x.device)
+    slot = torch.where(topk_ids >= 0, topk_ids, num_experts).long()
+    coeff.scatter_add_(1, slot, topk_weights.float())
+    xq = act_quant_reference(x, BLOCK, scale_fmt) if fp8 else None
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(num_experts):
+        if fp8:
+            h = fp8_block_reference(xq[0], xq[1], w13[e], w13_scale[e], out_dtype=x.dtype)
+            a, a_scale = swiglu_quant_reference(h, BLOCK, scale_fmt)
+            out = fp8_block_reference(a, a_scale, w2[e], w2_scale[e], out_dtype=torch.float32)
+        else:
+            h = (x.float() @ w13[e].float().t()).to(x.dtype)
+            out = swiglu_reference(h).float() @ w2[e].float().t()
+        y += coeff[:, e : e + 1] * out
+    return y.to(x.dtype)
+
+
+def _cases(quick: bool) -> list[Case]:
+    def make(tokens, experts, top_k, dim, inter, dtype, fp8):
+        def build(gen, device):
+            x = randn(gen, (tokens, dim), dtype, device)
+            ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+            ids[randint(gen, (tokens,), 0, tokens, torch.device("cpu")), randint(gen, (tokens,), 0, top_k, torch.device("cpu"))] = -1
+            weights = uniform(gen, (tokens, top_k), 0.05, 1.0, device)
+            w13 = randn(gen, (experts, 2 * inter, dim), torch.float32, device, dim ** -0.5)
+            w2 = randn(gen, (experts, dim, inter), torch.float32, device, inter ** -0.5)
+            if not fp8:
+                return (x, ids.to(device), weights, w13.to(dtype), w2.to(dtype)), {}
+            q13, s13 = zip(*(quantize_weight(w) for w in w13))
+            q2, s2 = zip(*(quantize_weight(w) for w in w2))
+            return (x, ids.to(device), weights, torch.stack(q13), torch.stack(q2), torch.stack(s13), torch.stack(s2)), {}
+        return build
+
+    if quick:
+        configs = [(7, 8, 2, 64, 32, False), (5, 4, 3, 128, 128, True)]
+    else:
+        configs = [(1, 256, 8, 7168, 2048, True), (64, 256, 8, 7168, 2048, True), (512, 32, 8, 2048, 1024, False)]
+    return [Case(f"{t}x{e}-top{k}-{d}x{i}-{str(dt)[6:]}{'-fp8' if f else ''}", make(t, e, k, d, i, dt, f), quick=quick)
+            for t, e, k, d, i, f in configs for dt in (torch.float32, torch.bfloat16)]
+
+
+fused_experts = declare("moe.fused_experts", fused_experts_reference, outputs=("y",), cases=_cases)

@@ -1,0 +1,87 @@
+"""Helpers shared by the Triton backends: torch-identical transcendental math and launch sizing.
+
+Ops whose outputs must be bitwise equal to the torch reference on a GPU compute ``exp`` with
+libdevice's ``expf`` (what PyTorch's CUDA kernels call) and divide with IEEE ``div_rn``; under
+``TRITON_INTERPRET=1`` libdevice is unavailable and ``tl.exp`` (numpy) stands in.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..backend_env import interpret_mode
+
+# Hopper has 132 SMs (H100/H200 SXM); two waves of programs keep every SM busy.
+MIN_PROGRAMS = 2 * 132
+
+
+def compiled_for_gpu() -> bool:
+    """True when kernels are compiled for a GPU (libdevice exists), False under the interpreter."""
+    return not interpret_mode()
+
+
+def rows_per_program(n_rows: int, row_elems: int, target_elems: int = 4096) -> int:
+    """Power-of-two rows per program: about ``target_elems`` elements each, but fewer rows
+    when that would leave fewer than :data:`MIN_PROGRAMS` programs."""
+    rows = max(1, min(256, target_elems // max(row_elems, 1)))
+    rows = 1 << (rows.bit_length() - 1)
+    while rows > 1 and triton.cdiv(n_rows, rows) < MIN_PROGRAMS:
+        rows //= 2
+    return rows
+
+
+@triton.jit
+def exp_f32(x, USE_LIBDEVICE: tl.constexpr):
+    """``expf`` as PyTorch's CUDA kernels compute it (libdevice), or numpy's under the interpreter."""
+    if USE_LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def sigmoid_f32(x, USE_LIBDEVICE: tl.constexpr):
+    """``1 / (1 + exp(-x))`` in fp32 with an IEEE division, as ``torch.sigmoid`` computes it."""
+    return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + exp_f32(-x, USE_LIBDEVICE))
+
+
+@triton.jit
+def silu_f32(x, USE_LIBDEVICE: tl.constexpr):
+    """``x / (1 + exp(-x))`` in fp32 with an IEEE division, as ``torch.nn.functional.silu`` computes it."""
+    return tl.math.div_rn(x, 1.0 + exp_f32(-x, USE_LIBDEVICE))
+
+
+@triton.jit
+def round_to_dtype(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to nearest-even in ``DTYPE``, returned as fp32.
+
+    bf16 rounding is done on the bits, because the interpreter's fp32->bf16 cast truncates;
+    the result converts to bf16 exactly on any backend.
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def fp8e4m3_bits(x, HARDWARE_CAST: tl.constexpr):
+    """The float8_e4m3fn code (as uint8) of fp32 ``x`` already clamped to [-448, 448], rounded to
+    nearest-even like torch. ``HARDWARE_CAST`` uses the GPU's conversion; otherwise the rounding
+    is done on the bits (the interpreter's own fp8 cast does not round to nearest-even)."""
+    if HARDWARE_CAST:
+        return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        mag = bits & 0x7FFFFFFF
+        # Normal e4m3 (|x| >= 2^-6): keep 3 mantissa bits, round half to even, rebias 127 -> 7.
+        normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - ((127 - 7) << 3)
+        # Subnormal e4m3: |x| / 2^-9 rounded to an integer (the 2^23 trick rounds half to even).
+        sub = ((tl.abs(x) * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+        code = tl.where(mag < 0x3C800000, sub, normal)
+        return (code | sign).to(tl.uint8)

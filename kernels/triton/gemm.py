@@ -1,0 +1,238 @@
+"""Triton FP8 block-scaled GEMM: ``out = (A * sa) @ (B * sb)^T`` with fp32 accumulation.
+
+Each program computes a BLOCK_M x BLOCK_N tile over 128-wide K blocks (the scale granularity):
+``tl.dot`` of the fp8 tiles gives the block's partial product, which is scaled by
+``sa[m, kb] * sb[n // 128, kb]`` and added to an fp32 accumulator. Small-M calls may split K
+across programs; the partial tiles then go to an fp32 workspace that a second kernel sums in a
+fixed order, so for a given configuration results never depend on scheduling.
+
+The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
+small candidate set on the GPU (decode shapes: narrow tiles and split-K; prefill: 128x128 tiles,
+8 warps, 3-5 stages). Under ``TRITON_INTERPRET=1``, while a CUDA graph is being captured, or
+with ``ENGINE_OPS_TUNE=0`` the first candidate is used without timing. Configurations differ in
+the last bits of the result (K splits regroup the fp32 sums), so runs that must reproduce each
+other bit for bit set ``ENGINE_OPS_TUNE=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops.quant import BLOCK, FP8
+from .common import round_to_dtype
+
+# Fewer K blocks than this per split would leave each program too little work to pipeline.
+_MIN_K_BLOCKS_PER_SPLIT = 4
+_MAX_SPLIT = 8
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration of the GEMM kernel."""
+
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+@triton.jit
+def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
+                     stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped tile order: GROUP_M row-tiles share each B column-tile while it is in L2.
+    pid, pid_k = tl.program_id(0), tl.program_id(1)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_rows = tl.minimum(tiles_m - (pid // (GROUP_M * tiles_n)) * GROUP_M, GROUP_M)
+    pid_m = (pid // (GROUP_M * tiles_n)) * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+
+    # Out-of-range rows/columns are wrapped onto valid ones for the loads (no masks in the
+    # loop) and dropped at the store.
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    # K is a compile-time constant (a model has a handful); the launcher makes SPLIT_K divide it.
+    PER_SPLIT: tl.constexpr = K_BLOCKS // SPLIT_K
+    kb_start = pid_k * PER_SPLIT
+
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + (kb_start * BLOCK_K + offs_k)[:, None]
+    as_ptrs = as_ptr + offs_m * stride_asm + kb_start * stride_ask
+    # B's scale blocks are 128 rows tall, like the K blocks. A tile of at most 128 columns lies
+    # in one of them (BLOCK_N divides 128), so each K block has one B scale for the whole tile.
+    ONE_B_SCALE: tl.constexpr = BLOCK_N <= BLOCK_K
+    if ONE_B_SCALE:
+        bs_ptrs = bs_ptr + (pid_n * BLOCK_N // BLOCK_K) * stride_bsn + kb_start
+    else:
+        bs_ptrs = bs_ptr + (offs_n // BLOCK_K) * stride_bsn + kb_start
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for _ in range(PER_SPLIT):
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+        a_scale = tl.load(as_ptrs)
+        b_scale = tl.load(bs_ptrs)
+        if ONE_B_SCALE:
+            acc += tl.dot(a, b) * (a_scale * b_scale)[:, None]
+        else:
+            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+        as_ptrs += stride_ask
+        bs_ptrs += 1
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + pid_k.to(tl.int64) * stride_cs + rows[:, None].to(tl.int64) * stride_cm + cols[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT_K == 1:
+        out = round_to_dtype(acc, c_ptr.dtype.element_ty)
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(c_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
+    out = round_to_dtype(acc, c_ptr.dtype.element_ty)
+    tl.store(c_ptr + offs, out.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def m_bucket(m: int) -> int:
+    """The tuning bucket of M: the next power of two, at least 16 and at most 4096."""
+    return min(max(16, triton.next_power_of_2(m)), 4096)
+
+
+def _split_for(tiles: int, k_blocks: int, num_sms: int) -> int:
+    """K splits (a power of two dividing ``k_blocks``) that bring ``tiles`` programs up to about
+    one wave, keeping at least 4 K blocks per split."""
+    split = 1
+    while (split * 2 <= _MAX_SPLIT and tiles * split * 2 <= num_sms and k_blocks % (split * 2) == 0
+           and k_blocks // (split * 2) >= _MIN_K_BLOCKS_PER_SPLIT):
+        split *= 2
+    return split
+
+
+def candidates(m: int, n: int, k: int, num_sms: int) -> list[Config]:
+    """The configurations worth timing for this shape; the first is the untimed default."""
+    bucket, k_blocks = m_bucket(m), k // BLOCK
+    if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
+        tiles = [(min(bucket, 64), 64, 4, 4), (min(bucket, 64), 128, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)]
+    elif bucket <= 256:
+        tiles = [(64, 128, 4, 4), (128, 128, 8, 4), (64, 64, 4, 4), (128, 64, 8, 4)]
+    else:  # prefill: compute-bound. Wider tiles (128x256, 256x128) spill: the partial product
+        # and the accumulator are both live, twice the registers of a plain GEMM.
+        tiles = [(128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 5), (128, 64, 8, 4), (64, 256, 8, 4)]
+    configs = []
+    for bm, bn, warps, stages in tiles:
+        split = _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), k_blocks, num_sms) if bucket <= 256 else 1
+        for s in dict.fromkeys((split, 1)):
+            config = Config(bm, bn, s, warps, stages)
+            if config not in configs:
+                configs.append(config)
+    return configs
+
+
+def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> torch.Tensor:
+    """Run the GEMM with one explicit configuration (inputs already validated)."""
+    m, k = a.shape
+    n = b.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    split = config.split_k
+    if (k // BLOCK) % split:
+        raise ValueError(f"gemm.fp8_block: split_k={split} does not divide the {k // BLOCK} K blocks")
+    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
+    _fp8_gemm_kernel[grid](
+        a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
+        b.stride(0), b_scale.stride(0), target.stride(0) if split > 1 else 0, n, K_BLOCKS=k // BLOCK,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, SPLIT_K=split, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
+    return out
+
+
+_TUNED: dict[tuple, Config] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def tuning_enabled() -> bool:
+    """False when ``ENGINE_OPS_TUNE=0``: use each shape's default configuration, untimed."""
+    return os.environ.get("ENGINE_OPS_TUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
+    """The tuned configuration for this call's shape (timing the candidates on first use)."""
+    m, k = a.shape
+    n = b.shape[0]
+    key = (m_bucket(m), n, k, out_dtype, a.device)
+    if key in _TUNED:
+        return _TUNED[key]
+    configs = candidates(m, n, k, _num_sms(a.device))
+    if a.device.type != "cuda" or torch.cuda.is_current_stream_capturing() or not tuning_enabled():
+        return configs[0]
+    timings, last_error = [], None
+    for config in configs:
+        try:
+            # Timed as CUDA graph replays: decode calls are microseconds long, and the host's
+            # launch overhead would otherwise decide the choice.
+            ms = triton.testing.do_bench_cudagraph(lambda c=config: launch(a, a_scale, b, b_scale, out_dtype, c), rep=20)
+        except Exception as exc:  # noqa: BLE001 - a config the compiler rejects (e.g. out of shared memory) is skipped
+            last_error = exc
+            continue
+        timings.append((ms, config))
+    if not timings:
+        raise RuntimeError(f"gemm.fp8_block: no candidate configuration ran for M={m}, N={n}, K={k}: {last_error}")
+    _TUNED[key] = min(timings, key=lambda t: t[0])[1]
+    return _TUNED[key]
+
+
+def fp8_block(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Same contract as :func:`kernels.ops.gemm.fp8_block_reference`."""
+    _validate(a, a_scale, b, b_scale, out_dtype)
+    a, b = a.contiguous(), b.contiguous()
+    a_scale = a_scale if a_scale.dtype == torch.float32 else a_scale.float()
+    b_scale = b_scale.float().contiguous()
+    return launch(a, a_scale, b, b_scale, out_dtype, choose_config(a, a_scale, b, b_scale, out_dtype))
+
+
+def _validate(a, a_scale, b, b_scale, out_dtype) -> None:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"gemm.fp8_block: need a [M, K] and b [N, K], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != FP8 or b.dtype != FP8:
+        raise ValueError(f"gemm.fp8_block: a and b must be {FP8}, got {a.dtype} and {b.dtype}")
+    m, k = a.shape
+    n = b.shape[0]
+    if k % BLOCK:
+        raise ValueError(f"gemm.fp8_block: K={k} is not a multiple of {BLOCK}")
+    if tuple(a_scale.shape) != (m, k // BLOCK):
+        raise ValueError(f"gemm.fp8_block: a_scale must have shape {[m, k // BLOCK]}, got {list(a_scale.shape)}")
+    if tuple(b_scale.shape) != (triton.cdiv(n, BLOCK), k // BLOCK):
+        raise ValueError(f"gemm.fp8_block: b_scale must have shape {[triton.cdiv(n, BLOCK), k // BLOCK]}, got {list(b_scale.shape)}")
+    if out_dtype not in (torch.bfloat16, torch.float32, torch.float16):
+        raise ValueError(f"gemm.fp8_block: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")

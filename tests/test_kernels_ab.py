@@ -1,0 +1,157 @@
+"""Every op's Triton backend against its torch reference over the op's quick A/B cases,
+plus the numerics the backends build on (bit-level fp8/bf16 rounding, routing ties, GEMM tiles).
+
+Ops are collected from the registry, so an op declared later with a ``triton`` backend is
+covered without touching this file. Without a GPU the kernels run under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import ab, registry
+from kernels.cases import generator
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+from kernels.triton.common import fp8e4m3_bits, round_to_dtype  # noqa: E402 - needs Triton
+
+TRITON_OPS = sorted(name for name, op in registry.ops().items() if "triton" in op.backends)
+# Compiled kernels need CUDA tensors; under the interpreter (no GPU) they run on CPU tensors.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _describe(results: list[ab.CaseResult]) -> str:
+    lines = []
+    for r in results:
+        bad = [f"{d.output}{d.first_diff or ''}: {d.detail}" for d in r.outputs if d.status == "differs"]
+        lines.append(f"{r.op}/{r.case}: {r.status} {r.reason} {'; '.join(bad)}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("op_name", TRITON_OPS)
+def test_triton_backend_matches_reference(op_name):
+    op = registry.get(op_name)
+    results = ab.run_cases([op], "triton", quick=True, seed=ab.DEFAULT_SEED)
+    assert results, f"{op_name} declares no quick cases"
+    assert all(r.status == ab.PASSED for r in results), _describe(results)
+    for r in results:
+        for diff in r.outputs:
+            if diff.output in op.exact:
+                assert diff.status == "equal", f"{op_name}/{r.case}: {diff.output} must be bitwise equal"
+
+
+def test_core_ops_have_triton_backends():
+    core = {"rope.apply", "quant.act_quant", "quant.weight_dequant", "gemm.fp8_block", "act.swiglu",
+            "act.swiglu_quant", "moe.gate", "norm.rmsnorm"}
+    assert core <= set(TRITON_OPS)
+
+
+@triton.jit
+def _rounding_kernel(x_ptr, q_ptr, b_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(q_ptr + offs, fp8e4m3_bits(tl.minimum(tl.maximum(v, -448.0), 448.0), False), mask=mask)
+    tl.store(b_ptr + offs, round_to_dtype(v, tl.bfloat16), mask=mask)
+
+
+def _run_rounding(x: torch.Tensor):
+    x = x.to(DEVICE)
+    q = torch.empty(x.shape, dtype=torch.uint8, device=DEVICE)
+    b = torch.empty_like(x)
+    _rounding_kernel[(triton.cdiv(x.numel(), 4096),)](x, q, b, x.numel(), BLOCK=4096)
+    return q.cpu(), b.cpu()
+
+
+def test_bit_level_fp8_and_bf16_rounding_match_torch():
+    gen = generator(7)
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    values = codes[torch.isfinite(codes)].unique()
+    mids = (values[1:] + values[:-1]) / 2  # exact ties: round half to even
+    up, down = torch.full_like(mids, 1e9), torch.full_like(mids, -1e9)
+    near = torch.cat([mids, torch.nextafter(mids, up), torch.nextafter(mids, down), values])
+    spread = torch.exp(torch.rand(20000, generator=gen) * 24 - 16) * torch.randn(20000, generator=gen).sign()
+    x = torch.cat([near, -near, spread.clamp(-448, 448)])
+    # bf16 ties: the low 16 bits exactly half, with both parities of the kept bit.
+    tie_bits = (torch.randint(0, 1 << 30, (4096,), generator=gen) & ~0xFFFF | 0x8000).to(torch.int32)
+    tie_bits[::2] ^= 0x10000
+    ties = tie_bits.view(torch.float32) * torch.where(torch.arange(4096) % 3 == 0, -1.0, 1.0)
+    x = torch.cat([x, ties[ties.abs() <= 448]])
+    q, b = _run_rounding(x)
+    assert torch.equal(q, x.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(b, x.bfloat16().float())
+
+
+@pytest.mark.parametrize("experts, top_k, n_group, topk_group, with_bias", [(256, 8, 8, 4, True), (256, 8, 8, 4, False), (64, 6, 1, 1, True), (12, 12, 3, 1, False)])
+def test_moe_gate_ids_follow_the_reference_through_ties(experts, top_k, n_group, topk_group, with_bias):
+    from kernels.ops.moe import gate_reference
+    from kernels.triton.moe import gate
+
+    gen = generator(experts * 131 + top_k)
+    # Logits on a coarse grid: many equal scores, equal group scores and masked (-inf) experts.
+    logits = torch.randint(-3, 3, (12, experts), generator=gen).float().to(DEVICE)
+    bias = (torch.randint(-2, 2, (experts,), generator=gen).float() * 0.25).to(DEVICE) if with_bias else None
+    weights, ids = gate(logits, bias, top_k, n_group, topk_group, 2.5, True)
+    ref_weights, ref_ids = gate_reference(logits, bias, top_k, n_group, topk_group, 2.5, True)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=2e-6, atol=1e-7)
+
+
+def test_rope_accepts_a_strided_slice_and_two_dim_input():
+    from kernels.ops.rope import apply_reference, cos_sin_cache
+    from kernels.triton.rope import apply
+
+    gen = generator(3)
+    cache = cos_sin_cache(64, 512, 10000.0, device=DEVICE)
+    q = torch.randn(6, 4, 192, generator=gen).to(DEVICE)
+    positions = torch.randint(0, 512, (6,), generator=gen).to(DEVICE)
+    rotary = q[..., 128:]  # the rotary part of an MLA query: a strided view
+    for interleaved in (True, False):
+        torch.testing.assert_close(apply(rotary, positions, cache, interleaved), apply_reference(rotary, positions, cache, interleaved))
+        flat = q[:, 0, :64]
+        torch.testing.assert_close(apply(flat, positions, cache, interleaved), apply_reference(flat, positions, cache, interleaved))
+
+
+def test_act_quant_on_three_dim_input_is_bitwise_equal():
+    from kernels.ops.quant import act_quant_reference
+    from kernels.triton.quant import act_quant
+
+    x = torch.randn(2, 3, 384, generator=generator(5)).bfloat16().to(DEVICE)
+    for fmt in (None, "ue8m0"):
+        q, s = act_quant(x, 128, fmt)
+        ref_q, ref_s = act_quant_reference(x, 128, fmt)
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+
+
+def test_every_gemm_tile_shape_and_split_k_matches_reference():
+    from kernels.ops.gemm import fp8_block_reference
+    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from kernels.tolerance import tolerance_for
+    from kernels.triton.gemm import Config, candidates, launch
+
+    gen = generator(11)
+    m, n, k = 40, 200, 512  # M and N tails, 4 K blocks
+    a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
+    b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
+    configs = {Config(16, 64, 1, 4, 3), Config(16, 64, 2, 4, 3), Config(32, 128, 4, 4, 3),
+               Config(128, 128, 1, 8, 3), Config(64, 256, 1, 8, 3)}
+    assert any(c.split_k > 1 for c in candidates(1, 2112, 7168, 132)), "decode candidates must split K"
+    assert all(c.split_k == 1 for c in candidates(4096, 2112, 7168, 132)), "prefill never splits K"
+    for out_dtype in (torch.float32, torch.bfloat16):
+        ref = fp8_block_reference(a, sa, b, sb, out_dtype)
+        for config in sorted(configs, key=str):
+            out = launch(a, sa, b, sb, out_dtype, config)
+            tol = tolerance_for(out_dtype, registry.get("gemm.fp8_block").tolerances)
+            assert (out.float() - ref.float()).abs().max() <= tol.atol + tol.rtol * ref.float().abs().max(), config
+
+
+def test_gemm_rejects_a_split_that_does_not_divide_k():
+    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from kernels.triton.gemm import Config, launch
+
+    a, sa = act_quant_reference(torch.randn(4, 384, generator=generator(1)).to(DEVICE))
+    b, sb = quantize_weight(torch.randn(64, 384, generator=generator(2)).to(DEVICE))
+    with pytest.raises(ValueError, match="split_k=2 does not divide the 3 K blocks"):
+        launch(a, sa, b, sb, torch.float32, Config(16, 64, 2, 4, 3))
