@@ -1,0 +1,11 @@
+"""A small DeepSeek-V3 inference engine whose math runs through the ``kernels`` ops registry.
+
+    from engine import LLM, SamplingParams
+    llm = LLM("path/to/checkpoint", dtype="float32", device="cpu")
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=16))
+"""
+
+from .llm import LLM
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]

@@ -1,0 +1,55 @@
+"""Build ``engine._C`` in place against the installed torch (no build isolation).
+
+    python -m engine.csrc.build [--out DIR]
+
+Compiles engine/csrc/*.cpp with torch.utils.cpp_extension and writes ``_C<EXT_SUFFIX>``
+into the ``engine`` package folder (or into ``DIR/engine`` with ``--out``), then prints the
+path of the built file. Exit status 0 on success, 1 when the compiler fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent
+PACKAGE_ROOT = CSRC.parent.parent
+
+
+def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
+    """Compile ``_C`` so that it lands at ``out_root/engine/_C<EXT_SUFFIX>``; return that path."""
+    from setuptools import Extension, setup
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    sources = sorted(str(p) for p in CSRC.glob("*.cpp"))
+    ext: Extension = CppExtension("engine._C", sources, extra_compile_args=["-O2"])
+    with tempfile.TemporaryDirectory(prefix="engine-c-build-") as tmp:
+        setup(
+            name="engine-native",
+            ext_modules=[ext],
+            cmdclass={"build_ext": BuildExtension},
+            script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root), "--build-temp", tmp],
+        )
+    import sysconfig
+
+    return Path(out_root) / "engine" / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.csrc.build", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT, help="root under which engine/_C*.so is written")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        path = build(args.out, args.verbose)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - setuptools reports compiler errors as SystemExit
+        print(f"error: building engine._C failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"built {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

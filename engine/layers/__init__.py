@@ -1,0 +1,1 @@
+"""Model building blocks; every one computes through the ``kernels`` ops (dense GEMMs: see linear.py)."""

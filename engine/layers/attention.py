@@ -1,0 +1,98 @@
+"""Multi-head latent attention (MLA) over the paged latent cache.
+
+Every step first writes the new tokens' latent ``c_kv`` (after ``kv_a_layernorm``) and rotated
+rope key into the cache (``kv.store``). Prefill then reads its sequences' whole context back
+from the cache (cached prefix included), decompresses per-head keys and values with
+``kv_b_proj`` and runs ``attn.mla_prefill``. Decode absorbs ``W_UK`` into the query and
+``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent cache: fixed
+shapes, no host synchronization. ``kv_b_proj`` is held dense (dequantized once when FP8, as
+DeepSeek-V3's own inference does for the absorbed path), so prefill and decode use the very
+same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ops import attn, kv
+
+from ..config import ModelConfig
+from ..loader import CheckpointWeights
+from .linear import load_linear
+from .norm import RMSNorm
+from .rotary import Rotary
+
+
+@dataclass
+class AttentionMeta:
+    """Per-step attention inputs, packed once per step by the model runner (device tensors).
+
+    ``slots`` [T]: cache slot of each new token (negative: padding, not written). Prefill:
+    ``context_slots`` [S] (all context tokens of every sequence), ``cu_seqlens_q`` /
+    ``cu_seqlens_k`` [B+1] int32. Decode: ``block_tables`` [B, M] int32, ``context_lens`` [B] int32.
+    """
+
+    is_prefill: bool
+    slots: torch.Tensor
+    context_slots: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+
+
+class MLAttention:
+    def __init__(self, config: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype,
+                 device: torch.device, rotary: Rotary):
+        c = config
+        self.heads, self.rank = c.num_attention_heads, c.kv_lora_rank
+        self.nope, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.scale = c.softmax_scale
+        self.rotary = rotary
+
+        def linear(name: str):
+            return load_linear(weights, f"{prefix}.{name}", dtype, device, c.fp8_scale_fmt)
+
+        def norm(name: str, eps: float):
+            return RMSNorm(weights.get(f"{prefix}.{name}.weight").to(device=device, dtype=dtype), eps)
+
+        self.q_lora = bool(c.q_lora_rank)
+        if self.q_lora:
+            self.q_a, self.q_a_norm, self.q_b = linear("q_a_proj"), norm("q_a_layernorm", 1e-6), linear("q_b_proj")
+        else:
+            self.q_proj = linear("q_proj")
+        self.kv_a = linear("kv_a_proj_with_mqa")
+        self.kv_a_norm = norm("kv_a_layernorm", 1e-6)
+        self.kv_b = linear("kv_b_proj").dense_weight(dtype)  # [H * (nope + v), rank]
+        per_head = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
+        self.w_uk = per_head[:, : self.nope]  # [H, nope, rank]
+        self.w_uv = per_head[:, self.nope :]  # [H, v, rank]
+        self.o_proj = linear("o_proj")
+        self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, rank + rope], bound by the runner
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_lora else self.q_proj(x)
+        q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope_dim], dim=-1)
+        q_rope = self.rotary(q_rope, positions)
+        latent, k_rope = self.kv_a(x).split([self.rank, self.rope_dim], dim=-1)
+        kv.store(self.kv_a_norm(latent.contiguous()), self.rotary(k_rope.contiguous(), positions), self.kv_cache, meta.slots)
+        o = self._prefill(q_nope, q_rope, meta) if meta.is_prefill else self._decode(q_nope, q_rope, meta)
+        return self.o_proj(o.reshape(t, self.heads * self.v_dim))
+
+    def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        context = self.kv_cache.view(-1, self.kv_cache.shape[-1])[meta.context_slots]
+        s = context.shape[0]
+        k_nope, v = F.linear(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, context[:, None, self.rank :].expand(s, self.heads, self.rope_dim)], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)
+        return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale)
+
+    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        q_latent = torch.einsum("thd,hdr->thr", q_nope, self.w_uk)
+        o_latent = attn.mla_decode(torch.cat([q_latent, q_rope], dim=-1), self.kv_cache, meta.block_tables,
+                                   meta.context_lens, self.scale, self.rank)
+        return torch.einsum("thr,hvr->thv", o_latent, self.w_uv)

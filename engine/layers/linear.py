@@ -1,0 +1,76 @@
+"""Linear layers, dense or FP8 block-scaled.
+
+This is the one place where the engine runs dense GEMMs outside the ops registry: bf16/fp32
+weights go through torch (``F.linear``, cuBLAS on GPU), as do the absorbed-attention
+``einsum``\\s in attention.py and the router/lm_head projections. FP8 weights (float8_e4m3fn
+with a ``weight_scale_inv`` per 128x128 block, as DeepSeek-V3 ships them) run DeepSeek-V3's
+inference path: ``quant.act_quant`` per 128-channel token group, then ``gemm.fp8_block``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ops import gemm, quant
+
+from ..loader import CheckpointWeights, LoadError
+
+FP8 = torch.float8_e4m3fn
+BLOCK = 128
+
+
+class Linear:
+    """``y = x @ weight.T``; FP8 when ``scale`` (the block ``scale_inv``) is given."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor | None = None, scale_fmt: str | None = None):
+        self.weight, self.scale, self.scale_fmt = weight, scale, scale_fmt
+
+    @property
+    def fp8(self) -> bool:
+        return self.scale is not None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fp8:
+            return F.linear(x, self.weight)
+        q, s = quant.act_quant(x.reshape(-1, x.shape[-1]), BLOCK, self.scale_fmt)
+        return self.on_quantized(q, s, x.dtype).view(*x.shape[:-1], -1)
+
+    def on_quantized(self, q: torch.Tensor, s: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """FP8 GEMM of already quantized activations ``(q, s)`` (from ``act_quant``/``swiglu_quant``)."""
+        return gemm.fp8_block(q, s, self.weight, self.scale, out_dtype=out_dtype)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in ``dtype`` (dequantized when FP8)."""
+        if not self.fp8:
+            return self.weight.to(dtype)
+        return quant.weight_dequant(self.weight, self.scale, out_dtype=dtype)
+
+
+def load_linear(weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device, scale_fmt: str | None) -> Linear:
+    """``prefix.weight`` (+ ``prefix.weight_scale_inv`` for FP8) as a :class:`Linear` on ``device``."""
+    w = weights.get(f"{prefix}.weight")
+    if not weights.has(f"{prefix}.weight_scale_inv"):
+        if w.dtype == FP8:
+            raise LoadError(f"{prefix}.weight is FP8 but {prefix}.weight_scale_inv is missing")
+        return Linear(w.to(device=device, dtype=dtype))
+    if w.dtype != FP8:
+        raise LoadError(f"{prefix}.weight_scale_inv is given but {prefix}.weight is {w.dtype}, not float8_e4m3fn")
+    n, k = w.shape
+    scale = weights.get(f"{prefix}.weight_scale_inv").float()
+    if k % BLOCK or tuple(scale.shape) != (-(-n // BLOCK), k // BLOCK):
+        raise LoadError(f"{prefix}: FP8 weight {tuple(w.shape)} needs K divisible by {BLOCK} and scale_inv of shape "
+                        f"({-(-n // BLOCK)}, {k // BLOCK}), got scale_inv {tuple(scale.shape)}")
+    return Linear(w.to(device), scale.to(device), scale_fmt)
+
+
+def concat_rows(parts: list[Linear], what: str) -> Linear:
+    """One Linear whose output is the parts' outputs side by side (e.g. gate and up projections)."""
+    if any(p.fp8 != parts[0].fp8 for p in parts):
+        raise LoadError(f"{what}: cannot fuse FP8 and non-FP8 projections")
+    weight = torch.cat([p.weight for p in parts])
+    if not parts[0].fp8:
+        return Linear(weight)
+    if any(p.weight.shape[0] % BLOCK for p in parts[:-1]):
+        raise LoadError(f"{what}: FP8 projections fuse only when their output sizes are multiples of {BLOCK}")
+    return Linear(weight, torch.cat([p.scale for p in parts]), parts[0].scale_fmt)

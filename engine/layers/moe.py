@@ -1,0 +1,61 @@
+"""DeepSeek-V3 MoE: sigmoid router with grouped top-k (``moe.gate``), routed experts
+(``moe.fused_experts``) behind the exchange point, plus the always-on shared experts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ops import experts, moe
+
+from ..config import ModelConfig
+from ..loader import CheckpointWeights, LoadError
+from .expert_exchange import LocalExchange
+from .linear import concat_rows, load_linear
+from .mlp import MLP
+
+
+class MoE:
+    def __init__(self, config: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device):
+        c = config
+        self.top_k, self.n_group, self.topk_group = c.num_experts_per_tok, c.n_group, c.topk_group
+        self.routed_scaling_factor, self.norm_topk_prob = c.routed_scaling_factor, c.norm_topk_prob
+        self.scale_fmt = c.fp8_scale_fmt
+        # The router runs in fp32, as DeepSeek-V3 trains it.
+        self.gate_weight = weights.get(f"{prefix}.gate.weight").to(device=device, dtype=torch.float32)
+        bias_name = f"{prefix}.gate.e_score_correction_bias"
+        self.bias = weights.get(bias_name).to(device=device, dtype=torch.float32) if weights.has(bias_name) else None
+        self.w13, self.w2, self.w13_scale, self.w2_scale = _load_experts(c, weights, f"{prefix}.experts", dtype, device)
+        self.shared = MLP(weights, f"{prefix}.shared_experts", dtype, device, c.fp8_scale_fmt) if c.n_shared_experts else None
+        self.exchange = LocalExchange()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x.float(), self.gate_weight)
+        weights, ids = moe.gate(logits, self.bias, self.top_k, self.n_group, self.topk_group,
+                                routed_scaling_factor=self.routed_scaling_factor, norm_topk_prob=self.norm_topk_prob)
+        xs, local_ids, local_weights = self.exchange.dispatch(x, ids, weights)
+        y = self.exchange.combine(experts.fused_experts(xs, local_ids, local_weights, self.w13, self.w2,
+                                                        self.w13_scale, self.w2_scale, self.scale_fmt))
+        return y + self.shared(x) if self.shared is not None else y
+
+
+def _load_experts(c: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device):
+    """Stacked ``(w13 [E, 2I, D], w2 [E, D, I], w13_scale, w2_scale)`` from per-expert tensors
+    (``experts.{e}.gate_proj/up_proj/down_proj``, as DeepSeek-V3 ships them) or from the stacked
+    ``experts.gate_up_proj`` / ``experts.down_proj`` layout."""
+    if weights.has(f"{prefix}.gate_up_proj"):
+        w13, w2 = weights.get(f"{prefix}.gate_up_proj"), weights.get(f"{prefix}.down_proj")
+        if w13.dtype == torch.float8_e4m3fn:
+            raise LoadError(f"{prefix}: stacked FP8 experts are not supported (use per-expert tensors with weight_scale_inv)")
+        return w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype), None, None
+    w13s, w2s = [], []
+    for e in range(c.n_routed_experts):
+        parts = [load_linear(weights, f"{prefix}.{e}.{name}", dtype, device, c.fp8_scale_fmt) for name in ("gate_proj", "up_proj")]
+        w13s.append(concat_rows(parts, f"{prefix}.{e}"))
+        w2s.append(load_linear(weights, f"{prefix}.{e}.down_proj", dtype, device, c.fp8_scale_fmt))
+    if w13s[0].fp8 != w2s[0].fp8 or any(l.fp8 != w13s[0].fp8 for l in w13s + w2s):
+        raise LoadError(f"{prefix}: experts mix FP8 and non-FP8 weights")
+    stack = torch.stack
+    if not w13s[0].fp8:
+        return stack([l.weight for l in w13s]), stack([l.weight for l in w2s]), None, None
+    return stack([l.weight for l in w13s]), stack([l.weight for l in w2s]), stack([l.scale for l in w13s]), stack([l.scale for l in w2s])

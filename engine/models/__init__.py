@@ -1,0 +1,1 @@
+"""Model definitions (DeepSeek-V3)."""

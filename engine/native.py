@@ -1,0 +1,57 @@
+"""Choose the host-side hot paths once per process: ``engine._C`` or its Python twin.
+
+``host_ops()`` returns a module with ``block_hashes``, ``pack_prefill`` and ``pack_decode``.
+When ``_C`` is not built, fails to import (say an undefined torch symbol after a torch
+change) or is stale (another API version), the Python fallback :mod:`engine.host_ops` is used
+and one notice naming why goes to stderr; with ``ENGINE_OPS_STRICT=1`` that raises
+:class:`NativeUnavailableError` instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from types import ModuleType
+
+from kernels.registry import strict
+
+from . import host_ops as python_ops
+
+
+class NativeUnavailableError(RuntimeError):
+    """``engine._C`` cannot serve and ENGINE_OPS_STRICT=1 refuses the Python fallback."""
+
+
+def unavailable_reason(module_name: str = "engine._C") -> tuple[ModuleType | None, str | None]:
+    """Import ``module_name`` and check its API version: ``(module, None)`` or ``(None, why not)``."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None, f"{module_name} is not built (run: python -m engine.csrc.build)"
+        return None, f"importing {module_name} failed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any load failure is a reason to report
+        return None, f"importing {module_name} failed: {type(exc).__name__}: {exc}"
+    version = getattr(module, "api_version", lambda: None)()
+    if version != python_ops.API_VERSION:
+        return None, f"{module_name} is stale (API version {version}, expected {python_ops.API_VERSION}); rebuild it"
+    return module, None
+
+
+@functools.lru_cache(maxsize=None)
+def host_ops() -> ModuleType:
+    """``engine._C`` when it loads, else :mod:`engine.host_ops` (announced once, refused under strict)."""
+    module, reason = unavailable_reason()
+    if module is not None:
+        return module
+    if strict():
+        raise NativeUnavailableError(f"engine._C: {reason}, and ENGINE_OPS_STRICT=1 refuses the Python fallback")
+    print(f"[engine] engine._C unavailable ({reason}); using the Python fallback engine.host_ops", file=sys.stderr)
+    return python_ops
+
+
+def status() -> dict:
+    """Which implementation serves (``"_C"`` or ``"python"``) and why not ``_C`` (JSON-ready)."""
+    _, reason = unavailable_reason()
+    return {"host_ops": "_C" if reason is None else "python", "reason": reason}

@@ -1,0 +1,154 @@
+"""Test support for the engine tests: random tiny DeepseekV3 checkpoints saved by transformers,
+their FP8 variants, and the transformers oracle's logits.
+
+Weights are redrawn so that the logits are O(1) (transformers' 0.02 init makes every logit
+nearly equal and greedy decoding a coin toss): linears ``N(0, 1/fan_in)``, norms ``1 + N(0, 0.1)``,
+embeddings ``N(0, 1)``, and the routing correction bias uniform in [0.02, 0.2] (non-zero, so it
+changes expert choices; positive, so no kept expert has a negative biased score).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kernels import registry
+from kernels.ops.quant import quantize_weight, weight_dequant_reference
+
+VOCAB = 300
+
+
+def tiny_config(**overrides):
+    """A DeepseekV3Config small enough for CPU tests (hidden 64, 2 layers, vocab 300)."""
+    from transformers import DeepseekV3Config
+
+    fields = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, kv_lora_rank=32,
+        q_lora_rank=24, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
+        num_experts_per_tok=2, first_k_dense_replace=1, routed_scaling_factor=2.5, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=256, eos_token_id=257,
+        pad_token_id=258, tie_word_embeddings=False, num_mtp_layers=0,
+    )
+    fields.update(overrides)
+    return DeepseekV3Config(**fields)
+
+
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def random_model(config, seed: int):
+    """A DeepseekV3ForCausalLM with redrawn O(1)-logit weights (see the module docstring), fp32, eval mode."""
+    from transformers import DeepseekV3ForCausalLM
+
+    config._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                continue
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif "embed" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.02 + 0.18 * torch.rand(buf.shape, generator=gen))
+    return model
+
+
+def save_checkpoint(model, out: Path) -> Path:
+    model.save_pretrained(out)
+    return out
+
+
+def is_fp8_target(name: str) -> bool:
+    """The weights DeepSeek-V3 ships in FP8: every attention and MLP/expert projection."""
+    return name.endswith("_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
+
+
+def fp8_checkpoint(model, out: Path) -> Path:
+    """Quantize ``model``'s projections to FP8 (128x128 block scales) in place, so that the
+    transformers model now holds exactly the dequantized weights, and save the FP8 checkpoint
+    (``weight`` float8_e4m3fn + ``weight_scale_inv``, ``quantization_config`` in config.json)."""
+    save_checkpoint(model, out)
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in [n for n in tensors if is_fp8_target(n)]:
+        q, s = quantize_weight(tensors[name])
+        tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = q, s
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    dequantized = {n: weight_dequant_reference(tensors[n], tensors[n.replace(".weight", ".weight_scale_inv")], torch.float32)
+                   for n in tensors if is_fp8_target(n)}
+    load_into(model, dequantized)
+    return out
+
+
+def load_into(model, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy checkpoint-named tensors into the transformers model (per-expert names included)."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            if name in params:
+                params[name].copy_(value)
+                continue
+            prefix, expert, proj = name.rsplit(".", 3)[0], int(name.split(".")[-3]), name.split(".")[-2]
+            stacked = params[f"{prefix}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"]
+            rows = stacked.shape[1] // 2
+            target = {"gate_proj": stacked[expert, :rows], "up_proj": stacked[expert, rows:], "down_proj": stacked[expert]}[proj]
+            target.copy_(value)
+
+
+@torch.no_grad()
+def oracle_logits(model, token_ids: list[int]) -> torch.Tensor:
+    """transformers' fp32 logits [len, vocab] of one full-sequence forward."""
+    return model(torch.tensor([token_ids])).logits[0].float()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max|a - b| / max|b|`` (the project's tolerance measure, see kernels/tolerance.py)."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def run_steps(llm, prompts: list[list[int]], params) -> tuple[list, dict[int, list[torch.Tensor]]]:
+    """Run ``prompts`` through ``llm`` step by step; returns the sequences and, per sequence id,
+    the logits row of every step it was part of."""
+    seqs = [llm.add_request(p, params) for p in prompts]
+    logits: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in seqs}
+    while not llm.scheduler.is_finished():
+        ran, result = llm.step()
+        for row, seq in enumerate(ran):
+            logits[seq.seq_id].append(result.logits[row].cpu())
+    return seqs, logits
+
+
+@contextmanager
+def torch_backend_one_thread():
+    """Engine tests run the torch references (the Triton kernels have their own A/B tests) on
+    one thread (the shared CI cores make torch's thread pool spin)."""
+    import os
+
+    saved_env, saved_threads = os.environ.get("ENGINE_OPS_BACKEND"), torch.get_num_threads()
+    os.environ["ENGINE_OPS_BACKEND"] = "torch"
+    registry.reset()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("ENGINE_OPS_BACKEND", None)
+        else:
+            os.environ["ENGINE_OPS_BACKEND"] = saved_env
+        registry.reset()
+        torch.set_num_threads(saved_threads)
