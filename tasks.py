@@ -1,4 +1,8 @@
-"""Invoke tasks. Thin wrappers: the logic lives in the bringup, engine and kernels packages."""
+"""Invoke tasks. Thin wrappers: the logic lives in the bringup, engine and kernels packages.
+
+Every pipeline task passes an argv list to ``bringup.cli.main`` (``python -m bringup``), which
+prints ``error: ...`` and exits 2 on a bad matrix or recipe, and a summary table at the end.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,29 @@ import sys
 
 from invoke import Exit, task
 
+STAGE_HELP = {
+    "image": "matrix image (default: local)",
+    "matrix": "matrix file (default: matrix.yaml)",
+    "artifacts": "artifacts folder (default: artifacts)",
+    "force": "rerun even when the inputs are unchanged",
+    "keep": "docker images: keep the stage's container for debugging",
+    "timeout": "seconds per stage (default: the matrix's settings.timeouts)",
+}
+
 
 def _exit(code: int) -> None:
     if code:
         raise Exit(code=code)
+
+
+def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: float) -> None:
+    from bringup.cli import main
+
+    argv = [command, "--image", image, "--matrix", matrix, "--artifacts", artifacts]
+    argv += ["--force"] if force else []
+    argv += ["--keep"] if keep else []
+    argv += ["--timeout", str(timeout)] if timeout else []
+    _exit(main(argv))
 
 
 @task(help={"k": "pytest -k expression", "m": "pytest -m marker expression", "x": "stop at the first failure"})
@@ -23,10 +46,58 @@ def test(c, k="", m="", x=False):
     _exit(subprocess.call(argv))
 
 
+@task(help=STAGE_HELP)
+def env(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """env stage: probe versions, apply the image's env recipes, guard torch/triton/NCCL."""
+    _pipeline("env", image, matrix, artifacts, force, keep, timeout)
+
+
+@task(help=STAGE_HELP)
+def build(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """build stage: build the image's build recipes against its own torch, ABI-check the .so files."""
+    _pipeline("build", image, matrix, artifacts, force, keep, timeout)
+
+
+@task(help=STAGE_HELP)
+def verify(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """verify stage: imports, ops self-check, import with optional packages blocked, Triton probe."""
+    _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
+
+
+@task(name="all", help=STAGE_HELP)
+def all_stages(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """env -> build -> verify -> ab (with its dump) for one image."""
+    _pipeline("all", image, matrix, artifacts, force, keep, timeout)
+
+
+@task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",
+            "matrix": "matrix file (default: matrix.yaml)", "force": "rebuild even when the tag exists"})
+def image(c, name, matrix="matrix.yaml", force=False):
+    """Make a docker image: an offline base (debootstrap -> docker import) or a matrix image."""
+    from bringup.cli import main
+
+    _exit(main(["image", "--name", name, "--matrix", matrix] + (["--force"] if force else [])))
+
+
 @task(help={"ops": "op names or globs", "backend": "backend to test", "quick": "small shapes",
-            "dump": "save outputs into DIR", "compare": "compare with the dump in DIR", "json": "write results as JSON"})
-def ab(c, ops="", backend="", quick=False, dump="", compare="", json=""):
-    """Run every op's backend against its torch reference (python -m kernels.ab)."""
+            "dump": "save outputs into DIR", "compare": "compare with the dump in DIR", "json": "write results as JSON",
+            **{k: f"{v} (the ab stage: with --image)" for k, v in STAGE_HELP.items()}})
+def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
+       image="", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """A/B every op's backend against its torch reference.
+
+    Without --image: runs python -m kernels.ab here, with its flags. With --image: the ab
+    stage of that matrix image (dump and results under <artifacts>/<image>/ab/).
+    """
+    if image:
+        direct = [flag for flag, value in (("--ops", ops), ("--backend", backend), ("--quick", quick), ("--dump", dump),
+                                           ("--compare", compare), ("--json", json)) if value]
+        if direct:
+            print(f"error: {', '.join(direct)}: only for the direct A/B run (without --image); the ab stage always "
+                  f"dumps into {artifacts}/{image}/ab/", file=sys.stderr)
+            raise Exit(code=2)
+        _pipeline("ab", image, matrix, artifacts, force, keep, timeout)
+        return
     from kernels.ab import main
 
     argv = []
@@ -34,3 +105,39 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json=""):
         argv += [flag, value] if value else []
     argv += ["--quick"] if quick else []
     _exit(main(argv))
+
+
+@task(help={"images": "comma-separated images (default: every matrix image with artifacts; one may repeat)",
+            "reference": "image to diff against (default: the matrix's reference)",
+            "near_tie_margin": "top-2 margin under which a token divergence is a near-tie (default: the matrix's settings.diff)",
+            "matrix": STAGE_HELP["matrix"], "artifacts": STAGE_HELP["artifacts"]})
+def diff(c, images="", reference="", near_tie_margin="", matrix="matrix.yaml", artifacts="artifacts"):
+    """Diff images against the reference: versions, builds, kernel dumps, tokens, fallbacks (<artifacts>/diff/)."""
+    from bringup.diff.run import command
+
+    _exit(command(matrix, artifacts, images, reference, near_tie_margin))
+
+
+@task(help={"artifacts": STAGE_HELP["artifacts"]})
+def doctor(c, artifacts="artifacts"):
+    """Check this host: docker, NVIDIA runtime, GPU holders, leftovers of earlier runs, disk, /dev/shm, IB, versions."""
+    from bringup.doctor import command
+
+    _exit(command(artifacts))
+
+
+@task(help={"artifacts": STAGE_HELP["artifacts"], "dry_run": "only list what would be removed"})
+def clean(c, artifacts="artifacts", dry_run=False):
+    """Kill leftover processes and remove labelled containers of runs that are no longer active."""
+    from bringup.clean import command
+
+    _exit(command(artifacts, dry_run))
+
+
+@task(name="matrix", help={"json": "print the GitHub Actions matrix as one JSON line",
+                           "images": "comma-separated docker images (default: all)", "matrix": STAGE_HELP["matrix"]})
+def ci_matrix(c, json=False, images="", matrix="matrix.yaml"):
+    """The CI matrix: one job per docker image ({"include": [...]}, used by .github/workflows/bringup.yml)."""
+    from bringup.ci import command
+
+    _exit(command(matrix, images, json))

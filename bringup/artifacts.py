@@ -1,0 +1,76 @@
+"""The artifact files, the interface between stages: where they live, their header, atomic writes.
+
+Stdlib only: the in-image side of every stage imports this with nothing but the image's Python.
+
+    artifacts/<image>/env.json                   env stage
+    artifacts/<image>/build.json                 build stage (+ logs/build-<target>.log)
+    artifacts/<image>/verify.json                verify stage
+    artifacts/<image>/ab/results.json            ab stage (+ ab/manifest.json, ab/*.safetensors)
+    artifacts/<image>/logs/<stage>.log           each stage's output
+    artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
+
+Every stage JSON starts with the keys of :func:`header`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+PASSED, FAILED, CACHED = "passed", "failed", "cached"
+RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
+                "e2e": "e2e/report.json"}
+
+
+def utc_now() -> str:
+    """The current time, ISO 8601 in UTC."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def image_dir(artifacts: Path, image: str) -> Path:
+    return artifacts / image
+
+
+def record_path(artifacts: Path, image: str, stage: str) -> Path:
+    """The stage's JSON record for ``image``."""
+    return image_dir(artifacts, image) / RECORD_FILES[stage]
+
+
+def stage_log(artifacts: Path, image: str, stage: str) -> Path:
+    return image_dir(artifacts, image) / "logs" / f"{stage}.log"
+
+
+def header(stage: str, image: str, run_id: str, status: str, started: str, ended: str,
+           versions: Any, inputs_hash: str) -> dict[str, Any]:
+    """The keys every stage JSON has, in this order."""
+    return {"schema": SCHEMA, "stage": stage, "image": image, "run_id": run_id, "status": status,
+            "started": started, "ended": ended, "versions": versions, "inputs_hash": inputs_hash}
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write ``payload`` as JSON atomically: a temporary file in the same folder, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=1, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing or not a JSON object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,117 @@
+"""``python -m bringup``: the pipeline's command line (the invoke tasks call :func:`main`).
+
+    python -m bringup env|build|verify|ab|all [--image NAME] [--matrix PATH] [--artifacts DIR]
+                                              [--force] [--keep] [--timeout SECONDS]
+    python -m bringup image --name NAME [--matrix PATH] [--force]
+
+Exit status: 0 every stage passed or was cached; 1 a stage failed; 2 unusable configuration
+(one line ``error: <file>: <key>: <what was expected>``, no traceback); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+from .paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
+
+STAGE_COMMANDS = ("env", "build", "verify", "ab", "all")
+INTERRUPTED_EXIT = 130
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bringup", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in STAGE_COMMANDS:
+        s = sub.add_parser(name, help="env -> build -> verify -> ab" if name == "all" else f"the {name} stage")
+        s.add_argument("--image", default="local", help="matrix image (default: local)")
+        s.add_argument("--matrix", default=DEFAULT_MATRIX, help="matrix file (default: matrix.yaml)")
+        s.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="artifacts folder (default: artifacts)")
+        s.add_argument("--force", action="store_true", help="rerun even when the inputs are unchanged")
+        s.add_argument("--keep", action="store_true", help="docker: keep the container for debugging")
+        s.add_argument("--timeout", type=_positive, help="seconds per stage (default: the matrix's settings.timeouts)")
+    s = sub.add_parser("image", help="make a docker image: an offline base (images/<name>) or a matrix image")
+    s.add_argument("--name", required=True, help="offline image folder under images/ or matrix image name")
+    s.add_argument("--matrix", default=DEFAULT_MATRIX)
+    s.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # Ctrl-C and SIGTERM both end in KeyboardInterrupt, so runners kill what the stage started.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if args.command == "image":
+            return _image(args)
+        return _stages(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ConfigError.EXIT_CODE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stages(args: argparse.Namespace) -> int:
+    from .artifacts import FAILED
+    from .display import Display
+    from .matrix import load_matrix
+    from .pipeline import SKIPPED, Interrupted, Options, Pipeline
+
+    matrix = load_matrix(args.matrix)
+    matrix.image(args.image)
+    display = Display()
+    pipeline = Pipeline(Options(matrix, Path(args.artifacts).resolve(), args.force, args.keep, args.timeout, display))
+    try:
+        if args.command == "all":
+            pipeline.run_all(args.image)
+        else:
+            pipeline.run(args.command, args.image)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        display.summary(pipeline.outcomes)
+        print(f"interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    display.summary(pipeline.outcomes)
+    return 1 if any(o.status in (FAILED, SKIPPED) for o in pipeline.outcomes) else 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    from .display import Display
+    from .images import ImageError, build_offline, docker_client, ensure_image
+    from .matrix import load_matrix
+    from .offline_recipe import load_offline_recipe
+
+    display = Display()
+    try:
+        client = docker_client()
+        matrix = load_matrix(args.matrix) if Path(args.matrix).is_file() else None
+        if matrix is not None and args.name in matrix.images:
+            image = matrix.images[args.name]
+            if image.runner != "docker":
+                raise ConfigError(f"{matrix.path}: images.{args.name}.runner: expected 'docker' to make an image, got {image.runner!r}")
+            tag = ensure_image(client, image, display.line, force=args.force)
+        else:
+            tag = build_offline(client, load_offline_recipe(args.name), display.line, force=args.force)
+    except ImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    display.note(f"image {args.name}: {tag}")
+    return 0

@@ -1,0 +1,74 @@
+"""What a task shows: stage output streamed live, a progress line while a stage runs (on a
+terminal), and a summary table at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STYLE = {"passed": "green", "cached": "cyan", "failed": "bold red"}
+
+
+@dataclass
+class Outcome:
+    """One row of the summary: how a stage ended for an image."""
+
+    stage: str
+    image: str
+    status: str
+    seconds: float
+    artifact: str
+    detail: str = ""
+
+
+class Display:
+    def __init__(self, console: Console | None = None):
+        if console is None:
+            console = Console(highlight=False)
+            if not console.is_terminal:  # logs and CI: wide enough that the summary does not wrap
+                console = Console(highlight=False, width=160)
+        self.console = console
+
+    def line(self, text: str) -> None:
+        """One line of a stage's output."""
+        self.console.print(Text(text), soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        self.console.print(Text(text, style="bold"), soft_wrap=True)
+
+    @contextmanager
+    def progress(self, label: str) -> Iterator[None]:
+        """A spinner with the elapsed time while the body runs (only on a terminal)."""
+        if not self.console.is_terminal:
+            yield
+            return
+        start = time.monotonic()
+        done = threading.Event()
+        with self.console.status(label) as status:
+            def tick() -> None:
+                while not done.wait(0.5):
+                    status.update(f"{label}  {time.monotonic() - start:.0f} s")
+
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            try:
+                yield
+            finally:
+                done.set()
+                ticker.join()
+
+    def summary(self, outcomes: list[Outcome]) -> None:
+        table = Table(title="summary")
+        for column in ("stage", "image", "status", "seconds", "artifact"):
+            table.add_column(column, overflow="fold")
+        for o in outcomes:
+            status = f"[{STYLE.get(o.status, 'yellow')}]{o.status}[/]" + (f" ({o.detail})" if o.detail else "")
+            table.add_row(o.stage, o.image, status, f"{o.seconds:.1f}", o.artifact)
+        self.console.print(table)

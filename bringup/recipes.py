@@ -1,0 +1,264 @@
+"""Recipes: ``recipes/<name>.yaml``, one declarative build or env recipe per file.
+
+A build recipe builds one target inside an image against the image's own torch (no build
+isolation) and names the .so files it makes, which the build stage ABI-checks::
+
+    schema: 1
+    kind: build
+    description: the engine's _C extension
+    target: engine-c                  # logs/build-<target>.log; default: the file name
+    source: .                         # repo-relative, absolute, or ${VAR}/sub: a user-given path
+    requires:                         # prerequisites, checked inside the image first
+      modules: [torch]                #   importable Python modules
+      commands: [g++]                 #   executables on PATH
+      env: [CUDA_HOME]                #   environment variables that must be set
+      recipes: [other-target]         #   build recipes that must have passed before
+    command: [python, -m, engine.csrc.build]   # argv; "python" is the image's stage interpreter
+    env: {MAX_JOBS: "8"}
+    inputs: ["engine/csrc/**"]        # globs under source: part of the cache key
+    products: ["engine/**/*.so"]      # globs under source: the built extension modules
+
+An env recipe is a list of fix-up steps, each a mapping with one step kind (and an optional
+``name``); :data:`STEP_KINDS` lists them with what they take::
+
+    schema: 1
+    kind: env
+    steps:
+      - apt: [libdw-dev, libelf-dev]
+      - venv: /opt/venv
+      - cuda_headers: {from: "{site_packages}/nvidia/cu13/include", to: /usr/local/cuda/include}
+      - nccl_pin: {package: nvidia-nccl-cu13, version: 2.32.3}
+      - python_symlink: /usr/local/bin
+      - ld_library_path: ["/root/.triton/nvidia/cudart/*/lib"]
+      - copy_site_packages: {from: /ref/site-packages, dists: [tilelang], keep_system: [pillow]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .paths import REPO, shown
+from .validate import At, expected, integer, load_yaml, mapping, one_of, optional_string, string, string_list
+
+NAME = r"[a-z0-9][a-z0-9_.-]*"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+PACKAGE = r"[a-z0-9][a-z0-9+.-]+"
+DIST = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+ABSOLUTE = r"/\S*"
+SOURCE = r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})?[^$]*"
+VERSION = r"[0-9][0-9A-Za-z.+-]*"
+
+STEP_KINDS = {
+    "apt": "a list of Debian packages to install",
+    "venv": "the absolute path of a venv made with --system-site-packages; later stages use its python",
+    "cuda_headers": "{from: glob of a header folder ({site_packages} allowed), to: folder} copying missing headers",
+    "nccl_pin": "{package: the NCCL wheel's name, version: X.Y.Z, wheel: optional file or URL}",
+    "python_symlink": "the folder (on PATH) where 'python' should point at python3",
+    "ld_library_path": "a list of absolute folder globs appended to LD_LIBRARY_PATH for later stages",
+    "copy_site_packages": "{from: a site-packages folder, dists: optional list, keep_system: optional list}",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One env fix-up: its kind, a display name and its validated parameters (JSON-ready)."""
+
+    kind: str
+    name: str
+    params: Any
+
+
+@dataclass(frozen=True)
+class Requires:
+    modules: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    recipes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A validated recipe. ``digest`` hashes the file's text (part of every cache key)."""
+
+    name: str
+    kind: str
+    path: Path
+    digest: str
+    description: str = ""
+    steps: list[Step] = field(default_factory=list)
+    target: str = ""
+    source: str = "."
+    requires: Requires = field(default_factory=Requires)
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    products: list[str] = field(default_factory=list)
+
+    def resolve_source(self, repo: Path = REPO) -> tuple[Path | None, str | None]:
+        """The source folder on this host, or None and why not (an unset ${VAR})."""
+        match = re.match(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", self.source)
+        if match:
+            value = os.environ.get(match.group(1))
+            if not value:
+                return None, f"source {self.source}: environment variable {match.group(1)} is not set (set it to the source checkout for {self.target})"
+            return Path(value + self.source[match.end():]).resolve(), None
+        path = Path(self.source)
+        return (path if path.is_absolute() else (repo / path)).resolve(), None
+
+    def to_spec(self, repo: Path = REPO) -> dict[str, Any]:
+        """The JSON form the in-image stage receives (sources resolved on the host)."""
+        source, why_not = self.resolve_source(repo) if self.kind == "build" else (None, None)
+        return {
+            "name": self.name, "kind": self.kind, "digest": self.digest, "description": self.description,
+            "steps": [{"kind": s.kind, "name": s.name, "params": s.params} for s in self.steps],
+            "target": self.target, "source": str(source) if source else None, "source_error": why_not,
+            "requires": vars(self.requires), "command": self.command, "env": self.env,
+            "inputs": self.inputs, "products": self.products,
+        }
+
+
+def load_recipes(directory: Path) -> dict[str, Recipe]:
+    """Every ``*.yaml`` recipe in ``directory``, validated, by name (the file's stem)."""
+    if not directory.is_dir():
+        raise ConfigError(f"{shown(directory)}: no such recipes folder")
+    recipes = {}
+    for path in sorted(directory.glob("*.yaml")):
+        recipe = load_recipe(path)
+        recipes[recipe.name] = recipe
+    _check_build_requires(recipes)
+    return recipes
+
+
+def load_recipe(path: Path) -> Recipe:
+    shown_as = shown(path)
+    at = At(shown_as)
+    name = path.stem
+    if not re.fullmatch(NAME, name):
+        raise ConfigError(f"{shown_as}: (file name): expected a recipe name of lowercase letters, digits, '.', '_' or '-'")
+    data = load_yaml(path, shown_as)
+    if not isinstance(data, dict):
+        expected(at, "a mapping with 'schema' and 'kind'", data)
+    kind = one_of(data.get("kind"), at.key("kind"), ("build", "env"))
+    common = ("schema", "kind", "description")
+    if kind == "env":
+        data = mapping(data, at, required=common[:2] + ("steps",), optional=common[2:])
+    else:
+        data = mapping(data, at, required=common[:2] + ("command",),
+                       optional=common[2:] + ("target", "source", "requires", "env", "inputs", "products"))
+    if integer(data["schema"], at.key("schema")) != 1:
+        at.key("schema").fail(f"expected 1 (the recipe format this version reads), got {data['schema']}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    description = optional_string(data.get("description"), at.key("description")) or ""
+    if kind == "env":
+        return Recipe(name, kind, path, digest, description, steps=_steps(data["steps"], at.key("steps")))
+    requires_at = at.key("requires")
+    req = mapping(data.get("requires") or {}, requires_at, optional=("modules", "commands", "env", "recipes"))
+    env_at = at.key("env")
+    env = {string(k, env_at, ENV_NAME, "an environment variable name"): string(v, env_at.key(k), what="a string value")
+           for k, v in mapping(data.get("env") or {}, env_at).items()}
+    return Recipe(
+        name, kind, path, digest, description,
+        target=string(data.get("target", name), at.key("target"), NAME, "a target name of lowercase letters, digits, '.', '_' or '-'"),
+        source=string(data.get("source", "."), at.key("source"), SOURCE, "a path, optionally starting with ${VAR}"),
+        requires=Requires(
+            modules=string_list(req.get("modules", []), requires_at.key("modules"), MODULE, "a Python module name"),
+            commands=string_list(req.get("commands", []), requires_at.key("commands"), r"[^\s/]+", "a command name"),
+            env=string_list(req.get("env", []), requires_at.key("env"), ENV_NAME, "an environment variable name"),
+            recipes=string_list(req.get("recipes", []), requires_at.key("recipes"), NAME, "a recipe name"),
+        ),
+        command=string_list(data["command"], at.key("command"), what="a command-line argument", allow_empty=False),
+        env=env,
+        inputs=string_list(data.get("inputs", []), at.key("inputs"), r"[^/].*", "a relative glob"),
+        products=string_list(data.get("products", []), at.key("products"), r"[^/].*", "a relative glob"),
+    )
+
+
+def _steps(value: Any, at: At) -> list[Step]:
+    if not isinstance(value, list):
+        expected(at, "a list of steps", value)
+    steps = []
+    for i, raw in enumerate(value):
+        step_at = at.index(i)
+        if not isinstance(raw, dict):
+            expected(step_at, "a mapping with one step kind (" + ", ".join(STEP_KINDS) + ")", raw)
+        kinds = [k for k in raw if k != "name"]
+        unknown = [k for k in kinds if k not in STEP_KINDS]
+        if unknown:
+            step_at.key(unknown[0]).fail("unknown step kind (known: " + ", ".join(STEP_KINDS) + ")")
+        if len(kinds) != 1:
+            step_at.fail(f"expected exactly one step kind, got {len(kinds)} ({', '.join(kinds) or 'none'})")
+        kind = kinds[0]
+        name = optional_string(raw.get("name"), step_at.key("name")) or f"{kind} #{i + 1}"
+        steps.append(Step(kind, name, _step_params(kind, raw[kind], step_at.key(kind))))
+    return steps
+
+
+def _step_params(kind: str, value: Any, at: At) -> Any:
+    """Validate one step's parameters against :data:`STEP_KINDS`."""
+    if kind == "apt":
+        return string_list(value, at, PACKAGE, "a Debian package name", allow_empty=False)
+    if kind == "venv":
+        return string(value, at, ABSOLUTE, "an absolute path for the venv")
+    if kind == "python_symlink":
+        return string(value, at, ABSOLUTE, "the absolute path of a folder on PATH")
+    if kind == "ld_library_path":
+        return string_list(value, at, ABSOLUTE, "an absolute folder (globs allowed)", allow_empty=False)
+    if kind == "cuda_headers":
+        params = mapping(value, at, required=("from",), optional=("to",))
+        return {"from": string(params["from"], at.key("from"), r"(/|\{site_packages\}/)\S*", "an absolute glob or one starting with {site_packages}/"),
+                "to": string(params.get("to", "/usr/local/cuda/include"), at.key("to"), ABSOLUTE, "an absolute folder")}
+    if kind == "nccl_pin":
+        params = mapping(value, at, required=("package", "version"), optional=("wheel",))
+        return {"package": string(params["package"], at.key("package"), DIST, "a wheel name such as 'nvidia-nccl-cu13'"),
+                "version": string(params["version"], at.key("version"), VERSION, "a version string such as '2.32.3'"),
+                "wheel": optional_string(params.get("wheel"), at.key("wheel"), r"(/|https?://)\S+", "an absolute path or URL of the wheel")}
+    params = mapping(value, at, required=("from",), optional=("dists", "keep_system"))
+    dists = params.get("dists")
+    return {"from": string(params["from"], at.key("from"), ABSOLUTE, "an absolute site-packages folder"),
+            "dists": None if dists is None else string_list(dists, at.key("dists"), DIST, "a distribution name", allow_empty=False),
+            "keep_system": string_list(params.get("keep_system", []), at.key("keep_system"), DIST, "a distribution name")}
+
+
+def _check_build_requires(recipes: dict[str, Recipe]) -> None:
+    """Every ``requires.recipes`` names a build recipe, and there is no cycle."""
+    for recipe in recipes.values():
+        for i, other in enumerate(recipe.requires.recipes):
+            at = At(shown(recipe.path)).key("requires").key("recipes").index(i)
+            if other not in recipes:
+                at.fail(f"no recipe named {other!r} (recipes: {', '.join(recipes)})")
+            if recipes[other].kind != "build":
+                at.fail(f"{other!r} is an env recipe; requires.recipes lists build recipes")
+    for name in recipes:
+        _walk_requires(name, recipes, ())
+
+
+def _walk_requires(name: str, recipes: dict[str, Recipe], chain: tuple[str, ...]) -> None:
+    if name in chain:
+        cycle = " -> ".join(chain[chain.index(name):] + (name,))
+        raise ConfigError(f"{shown(recipes[name].path)}: requires.recipes: expected no cycle, got {cycle}")
+    for other in recipes[name].requires.recipes:
+        _walk_requires(other, recipes, chain + (name,))
+
+
+def build_order(names: list[str], recipes: dict[str, Recipe]) -> list[Recipe]:
+    """The build recipes among ``names`` (plus what they require), prerequisites first."""
+    ordered: list[Recipe] = []
+
+    def visit(name: str) -> None:
+        recipe = recipes[name]
+        for other in recipe.requires.recipes:
+            visit(other)
+        if recipe not in ordered:
+            ordered.append(recipe)
+
+    for name in names:
+        if recipes[name].kind == "build":
+            visit(name)
+    return ordered

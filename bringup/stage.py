@@ -1,0 +1,45 @@
+"""``python -m bringup.stage STAGE --spec FILE``: run one stage inside the image.
+
+The host (bringup.pipeline) writes the spec (the image's resolved entry, the recipes it needs,
+the run id and the inputs hash) and starts this with the image's Python through a runner.
+This writes the stage's JSON record (header + the stage's keys) atomically and exits 0 when
+the stage passed, 1 when it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from .artifacts import FAILED, PASSED, RECORD_FILES, header, utc_now, write_json
+
+STAGES = ("env", "build", "verify", "ab")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bringup.stage", description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--spec", required=True, type=Path, help="the JSON spec the host wrote")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    out = Path(spec["out"])
+    started = utc_now()
+    module = importlib.import_module(f"bringup.stages.{args.stage}")
+    try:
+        status, body, versions = module.run(spec, out)
+    except Exception as exc:  # noqa: BLE001 - a crashing stage is a failed stage, with its traceback logged
+        traceback.print_exc()
+        status, body, versions = FAILED, {"problems": [f"the {args.stage} stage crashed: {type(exc).__name__}: {exc}"]}, None
+    record = header(args.stage, spec["image"], spec["run_id"], status, started, utc_now(), versions, spec["inputs_hash"])
+    record.update({k: v for k, v in body.items() if k not in record})
+    write_json(out / RECORD_FILES[args.stage], record)
+    print(f"[{args.stage}] {spec['image']}: {status}", flush=True)
+    return 0 if status == PASSED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Helpers the in-image stages share (stdlib only): versions probes, running a command with
+its output teed to a log, and the interpreter's site-packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def probe_versions(python: str) -> dict[str, Any]:
+    """``kernels.versions.probe()`` as seen by ``python`` (a fresh process), or ``{"error"}``."""
+    try:
+        proc = subprocess.run([python, "-m", "bringup.probe_versions"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"running {python} failed: {exc}"}
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"{python} -m bringup.probe_versions printed no JSON (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+
+
+def components(versions: dict[str, Any]) -> dict[str, str | None]:
+    """The pinned components of a probe: torch, triton, CUDA (torch's) and NCCL versions."""
+    triton = versions.get("triton")
+    return {
+        "torch": versions.get("torch"),
+        "triton": triton.get("version") if isinstance(triton, dict) else None,
+        "cuda": versions.get("torch_cuda"),
+        "nccl": versions.get("nccl"),
+    }
+
+
+def version_matches(expected: str, actual: str | None) -> bool:
+    """``2.11.0`` matches ``2.11.0`` and ``2.11.0+cu130``; ``2.11.0+cu130`` only itself."""
+    return actual is not None and (actual == expected or ("+" not in expected and actual.startswith(expected + "+")))
+
+
+def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Run ``argv``; its output goes to this process's stdout (which the runner logs) and, when
+    given, to ``log_path`` as well. Returns the exit code (127 when it cannot start)."""
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "a", encoding="utf-8", errors="replace")
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text)
+        if log is not None:
+            log.write(text)
+
+    try:
+        if log is not None:
+            log.write(f"$ {' '.join(argv)}\n")
+            log.flush()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+        except OSError as exc:
+            emit(f"cannot start {argv[0]}: {exc}\n")
+            return 127
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            emit(line)
+        return proc.wait()
+    finally:
+        sys.stdout.flush()
+        if log is not None:
+            log.close()
+
+
+def site_packages(python: str) -> list[str]:
+    """The site-packages folders of ``python`` (its purelib first)."""
+    code = "import json, site, sysconfig; print(json.dumps([sysconfig.get_paths()['purelib']] + site.getsitepackages()))"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    seen: list[str] = []
+    for path in json.loads(proc.stdout):
+        if path not in seen and os.path.isdir(path):
+            seen.append(path)
+    return seen
+
+
+def stage_python(argv0: str, python: str) -> str:
+    """Commands spell the stage's interpreter as ``python``."""
+    return python if argv0 == "python" else argv0

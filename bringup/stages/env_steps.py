@@ -1,0 +1,243 @@
+"""The env fix-ups an env recipe lists (see bringup.recipes.STEP_KINDS), run inside the image.
+
+Each step is idempotent: it checks first and returns ``("unchanged", why)`` when the image is
+already as wanted, ``("applied", what it did)`` otherwise, and raises :class:`StepError` with
+a one-line reason when it cannot.
+"""
+
+from __future__ import annotations
+
+import configparser
+import fnmatch
+import glob
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .common import run_tee, site_packages
+
+APPLIED, UNCHANGED = "applied", "unchanged"
+# Distributions copy_site_packages never overwrites when the image has them: replacing them
+# is exactly what the guard forbids.
+ALWAYS_KEEP = ("torch", "triton", "tokenspeed-triton", "nvidia-nccl-cu*")
+
+
+class StepError(Exception):
+    """A step failed; the message says why in one line."""
+
+
+@dataclass
+class EnvContext:
+    """What steps change for the stages after env: the interpreter, exported variables, and
+    the component versions a step pins on purpose (the guard accepts exactly those)."""
+
+    python: str
+    exports: dict[str, str] = field(default_factory=dict)
+    declared: dict[str, str] = field(default_factory=dict)
+
+
+def _run(argv: list[str], ctx: EnvContext, what: str, env: dict[str, str] | None = None) -> None:
+    code = run_tee(argv, None, env={**os.environ, **(env or {})})
+    if code != 0:
+        raise StepError(f"{what}: {argv[0]} exited with {code} (its output is in logs/env.log)")
+
+
+def apt(packages: list[str], ctx: EnvContext) -> tuple[str, str]:
+    missing = [p for p in packages if not _dpkg_installed(p)]
+    if not missing:
+        return UNCHANGED, f"already installed: {', '.join(packages)}"
+    if shutil.which("apt-get") is None:
+        raise StepError(f"cannot install {', '.join(missing)}: no apt-get in this image")
+    if os.geteuid() != 0:
+        raise StepError(f"cannot install {', '.join(missing)}: apt-get needs root")
+    noninteractive = {"DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-q"], ctx, "apt-get update", noninteractive)
+    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], ctx, "apt-get install", noninteractive)
+    return APPLIED, f"installed {', '.join(missing)}"
+
+
+def _dpkg_installed(package: str) -> bool:
+    if shutil.which("dpkg-query") is None:
+        return False
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return proc.returncode == 0 and proc.stdout.strip().endswith(" installed")
+
+
+def venv(path: str, ctx: EnvContext) -> tuple[str, str]:
+    root = Path(path)
+    python = root / "bin" / "python"
+    if python.exists():
+        cfg = configparser.ConfigParser()
+        cfg.read_string("[venv]\n" + (root / "pyvenv.cfg").read_text())
+        if cfg.get("venv", "include-system-site-packages", fallback="false").strip().lower() != "true":
+            raise StepError(f"{path} exists but was made without --system-site-packages (remove it to let env remake it)")
+        ctx.python = str(python)
+        return UNCHANGED, f"{path} exists (with system site-packages)"
+    _run([ctx.python, "-m", "venv", "--system-site-packages", path], ctx, "python -m venv")
+    ctx.python = str(python)
+    return APPLIED, f"made {path} with --system-site-packages; later stages use {python}"
+
+
+def cuda_headers(params: dict[str, str], ctx: EnvContext) -> tuple[str, str]:
+    pattern = params["from"]
+    if pattern.startswith("{site_packages}/"):
+        rest = pattern[len("{site_packages}/"):]
+        folders = [d for sp in site_packages(ctx.python) for d in sorted(glob.glob(os.path.join(sp, rest))) if os.path.isdir(d)]
+    else:
+        folders = [d for d in sorted(glob.glob(pattern)) if os.path.isdir(d)]
+    if not folders:
+        raise StepError(f"no header folder matches {pattern}")
+    target = Path(params["to"])
+    copied, present = 0, 0
+    for folder in folders:
+        for src in sorted(Path(folder).rglob("*")):
+            if not src.is_file():
+                continue
+            dst = target / src.relative_to(folder)
+            if dst.exists():
+                present += 1
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            copied += 1
+    if not copied:
+        return UNCHANGED, f"all {present} headers of {', '.join(folders)} already in {target}"
+    return APPLIED, f"copied {copied} headers from {', '.join(folders)} into {target} ({present} already there)"
+
+
+def nccl_pin(params: dict[str, Any], ctx: EnvContext) -> tuple[str, str]:
+    package, version = params["package"], params["version"]
+    ctx.declared["nccl"] = version
+    installed = _dist_version(ctx.python, package)
+    if installed == version:
+        return UNCHANGED, f"{package} {version} already installed"
+    _run([ctx.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", params.get("wheel") or f"{package}=={version}"],
+         ctx, f"pip install {package}")
+    return APPLIED, f"{package} {installed or 'absent'} -> {version}"
+
+
+def _dist_version(python: str, dist: str) -> str | None:
+    code = "import sys\nfrom importlib import metadata\ntry: print(metadata.version(sys.argv[1]))\nexcept metadata.PackageNotFoundError: pass"
+    proc = subprocess.run([python, "-c", code, dist], capture_output=True, text=True)
+    return proc.stdout.strip() or None
+
+
+def python_symlink(folder: str, ctx: EnvContext) -> tuple[str, str]:
+    existing = shutil.which("python")
+    if existing:
+        return UNCHANGED, f"python is {existing}"
+    python3 = shutil.which("python3")
+    if python3 is None:
+        raise StepError("no python3 on PATH to point python at")
+    link = Path(folder) / "python"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(python3)
+    if shutil.which("python") is None:
+        raise StepError(f"made {link} -> {python3}, but {folder} is not on PATH")
+    return APPLIED, f"{link} -> {python3}"
+
+
+def ld_library_path(patterns: list[str], ctx: EnvContext) -> tuple[str, str]:
+    folders = []
+    for pattern in patterns:
+        matches = [d for d in sorted(glob.glob(pattern)) if os.path.isdir(d)]
+        if not matches:
+            raise StepError(f"no folder matches {pattern}")
+        folders += matches
+    current = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    new = [d for d in folders if d not in current]
+    if not new:
+        return UNCHANGED, f"already on LD_LIBRARY_PATH: {', '.join(folders)}"
+    previous = ctx.exports.get("LD_LIBRARY_PATH+")
+    ctx.exports["LD_LIBRARY_PATH+"] = os.pathsep.join(([previous] if previous else []) + new)
+    return APPLIED, f"later stages get LD_LIBRARY_PATH += {os.pathsep.join(new)}"
+
+
+def copy_site_packages(params: dict[str, Any], ctx: EnvContext) -> tuple[str, str]:
+    """Copy distributions file by file from their RECORD, keeping the image's own copies of
+    ``keep_system`` (and of torch, Triton, NCCL)."""
+    source = Path(params["from"])
+    if not source.is_dir():
+        raise StepError(f"{source} is not a folder")
+    available = {_name_version(info)[0]: info for info in source.glob("*.dist-info")}
+    wanted = [_norm(d) for d in params["dists"]] if params["dists"] else sorted(available)
+    absent = [d for d in wanted if d not in available]
+    if absent:
+        raise StepError(f"{source} has no distribution {', '.join(absent)}")
+    target_sites = site_packages(ctx.python)
+    target = Path(target_sites[0])
+    keep = [_norm(k) for k in params["keep_system"]] + [_norm(k) for k in ALWAYS_KEEP]
+    copied, kept, same = [], [], []
+    for dist in wanted:
+        info = available[dist]
+        version = _name_version(info)[1]
+        mine = _installed_info(target_sites, dist)
+        if mine is not None and any(fnmatch.fnmatchcase(dist, k) for k in keep):
+            kept.append(f"{dist} {_name_version(mine)[1]}")
+            continue
+        if mine is not None and mine.name == info.name and mine.parent == target:
+            same.append(f"{dist} {version}")
+            continue
+        if mine is not None and mine.parent == target:
+            _remove_by_record(mine)
+        _copy_by_record(info, source, target)
+        copied.append(f"{dist} {version}")
+    detail = "; ".join(part for part in (
+        f"copied {', '.join(copied)}" if copied else "",
+        f"kept the image's {', '.join(kept)}" if kept else "",
+        f"already there: {', '.join(same)}" if same else "") if part)
+    return (APPLIED if copied else UNCHANGED), detail or "nothing to copy"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name_version(info: Path) -> tuple[str, str]:
+    """(normalized name, version) of a ``<name>-<version>.dist-info`` folder."""
+    name, _, version = info.name[: -len(".dist-info")].rpartition("-")
+    return _norm(name), version
+
+
+def _installed_info(sites: list[str], dist: str) -> Path | None:
+    for site in sites:
+        for info in Path(site).glob("*.dist-info"):
+            if _name_version(info)[0] == dist:
+                return info
+    return None
+
+
+def _record_files(info: Path) -> list[str]:
+    record = info / "RECORD"
+    if not record.is_file():
+        raise StepError(f"{info} has no RECORD; cannot tell its files")
+    return [line.split(",")[0] for line in record.read_text().splitlines() if line.strip()]
+
+
+def _copy_by_record(info: Path, source: Path, target: Path) -> None:
+    for rel in _record_files(info):
+        src = (source / rel).resolve()
+        if source.resolve() not in src.parents or not src.is_file():
+            continue  # scripts outside site-packages (../../bin) and missing entries
+        dst = target / src.relative_to(source.resolve())
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def _remove_by_record(info: Path) -> None:
+    root = info.parent.resolve()
+    for rel in _record_files(info):
+        path = (root / rel).resolve()
+        if root in path.parents and path.is_file():
+            path.unlink()
+    shutil.rmtree(info, ignore_errors=True)
+
+
+STEPS: dict[str, Callable[[Any, EnvContext], tuple[str, str]]] = {
+    "apt": apt, "venv": venv, "cuda_headers": cuda_headers, "nccl_pin": nccl_pin,
+    "python_symlink": python_symlink, "ld_library_path": ld_library_path, "copy_site_packages": copy_site_packages,
+}
