@@ -1,0 +1,274 @@
+"""Collect the cross-image diff: read every compared image's artifacts and compare each
+with the reference image's (versions, stage results, builds, kernel dumps, tokens, fallbacks).
+
+The result is pure data with its verdict and exit status; :mod:`.report` renders it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernels.ab import FAILED, compare_dumps
+from kernels.compare import EQUAL
+from kernels.dump import DumpError
+
+from .inputs import (AB_MANIFEST, AB_RESULTS, BUILD, E2E_REPORT, E2E_TOKENS, ENV, MADE_BY, VERIFY, ImageArtifacts,
+                     Missing, UnusableInput)
+from .tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, read_generations
+
+STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One image in the report; ``label`` is unique even when an image is listed twice."""
+
+    label: str
+    artifacts: ImageArtifacts
+
+
+@dataclass
+class OpSummary:
+    """One op's cases on an image compared with the reference's dump."""
+
+    op: str
+    cases: int = 0
+    equal: int = 0
+    close: int = 0
+    differs: int = 0
+    worst_rel: float = 0.0
+    worst_case: str = ""
+
+
+@dataclass
+class KernelComparison:
+    """An image's A/B dump against the reference's, case by case (``kernels.ab.compare_dumps``;
+    ``one_side``: ``only_in_a`` = cases only the image dumped, ``only_in_b`` = only the reference)."""
+
+    column: str
+    results: list = field(default_factory=list)
+    one_side: dict[str, list[str]] = field(default_factory=dict)
+
+    def failed(self) -> list:
+        return [r for r in self.results if r.status == FAILED]
+
+    def by_op(self) -> dict[str, OpSummary]:
+        ops: dict[str, OpSummary] = {}
+        for r in self.results:
+            s = ops.setdefault(r.op, OpSummary(r.op))
+            s.cases += 1
+            if r.status == FAILED:
+                s.differs += 1
+            elif all(d.status == EQUAL for d in r.outputs):
+                s.equal += 1
+            else:
+                s.close += 1
+            worst = max((d.max_rel for d in r.outputs), default=0.0)
+            if s.cases == 1 or worst > s.worst_rel:
+                s.worst_rel, s.worst_case = worst, r.case
+        return ops
+
+
+@dataclass
+class TokenComparison:
+    """An image's e2e tokens against the reference's, prompt by prompt."""
+
+    column: str
+    rows: list[Divergence]
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.rows)
+
+
+@dataclass
+class DiffResult:
+    """Everything the report shows. ``columns[0]`` is the reference."""
+
+    artifacts: Path
+    columns: list[Column]
+    near_tie_margin: float
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    stages: dict[str, dict[str, str]] = field(default_factory=dict)
+    builds: dict[str, dict[str, str]] = field(default_factory=dict)
+    kernels: list[KernelComparison] = field(default_factory=list)
+    tokens: list[TokenComparison] = field(default_factory=list)
+    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    missing: list[Missing] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def reference(self) -> Column:
+        return self.columns[0]
+
+    @property
+    def compared(self) -> list[Column]:
+        return self.columns[1:]
+
+    def real_divergences(self) -> int:
+        return sum(t.count(REAL) for t in self.tokens)
+
+    def kernel_failures(self) -> int:
+        return sum(len(k.failed()) for k in self.kernels)
+
+    def exit_code(self) -> int:
+        """2: unusable input (missing or broken artifacts); 1: a real divergence or a kernel
+        case beyond tolerance; 0: everything identical or within tolerance / near-tie."""
+        if self.missing or self.problems:
+            return 2
+        return 1 if self.real_divergences() or self.kernel_failures() else 0
+
+    def verdict(self) -> str:
+        """``unusable input``, ``differs``, ``within tolerance`` (close kernels, near-ties) or
+        ``identical`` (every kernel output bitwise equal and every token sequence the same)."""
+        code = self.exit_code()
+        if code:
+            return "unusable input" if code == 2 else "differs"
+        bitwise = all(d.status == EQUAL for k in self.kernels for r in k.results for d in r.outputs)
+        same_tokens = all(r.status == IDENTICAL for t in self.tokens for r in t.rows)
+        return "identical" if bitwise and same_tokens else "within tolerance"
+
+
+def make_columns(artifacts: Path, images: list[str], reference: str) -> list[Column]:
+    """The reference first (its first listing), then every other listed image in order."""
+    names = list(images)
+    if reference in names:
+        names.remove(reference)
+    seen: list[str] = []
+    columns = []
+    for name in [reference, *names]:
+        n = seen.count(name)
+        seen.append(name)
+        columns.append(Column(name if n == 0 else f"{name} ({n + 1})", ImageArtifacts(name, artifacts / name)))
+    return columns
+
+
+def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin: float) -> DiffResult:
+    """Compare ``images`` with ``reference`` from the artifact folders under ``artifacts``.
+
+    A broken artifact spoils only its own cell: it is recorded in ``problems`` and the rest of
+    the report is still filled in.
+    """
+    result = DiffResult(Path(artifacts), make_columns(Path(artifacts), images, reference), near_tie_margin)
+    result.missing, result.not_run = _missing(result.columns)
+    steps = [(section, col) for section in (_versions, _stages, _builds, _fallbacks) for col in result.columns]
+    steps += [(section, col) for section in (_kernels, _tokens) for col in result.compared]
+    for section, col in steps:
+        try:
+            section(result, col)
+        except UnusableInput as exc:
+            result.problems.append(str(exc))
+    result.problems = list(dict.fromkeys(result.problems))
+    return result
+
+
+def _missing(columns: list[Column]) -> tuple[list[Missing], list[str]]:
+    """Files some compared image has and another lacks; files no image has (stage not run)."""
+    missing: list[Missing] = []
+    not_run: list[str] = []
+    unique = {c.artifacts.name: c.artifacts for c in columns}
+    for name, art in unique.items():
+        if not art.exists():
+            missing.append(Missing(name, "", "all"))
+    present = [a for a in unique.values() if a.exists()]
+    for rel, stage in MADE_BY.items():
+        having = [a for a in present if a.has(rel)]
+        if not having:
+            not_run.append(f"{rel} (stage {stage})")
+            continue
+        missing += [Missing(a.name, rel, stage) for a in present if not a.has(rel)]
+    return missing, not_run
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), sub, out)
+    else:
+        out[prefix] = "" if value is None else str(value)
+
+
+def _versions(result: DiffResult, col: Column) -> None:
+    env = col.artifacts.json_or_none(ENV)
+    if env is None:
+        return
+    versions = env.get("versions")
+    if not isinstance(versions, dict):
+        raise UnusableInput(f"{col.artifacts.path(ENV)}: 'versions' must be an object (kernels.versions.probe())")
+    flat: dict[str, str] = {}
+    _flatten("", versions, flat)
+    result.versions[col.label] = flat
+
+
+def _stages(result: DiffResult, col: Column) -> None:
+    row: dict[str, str] = {}
+    for rel in STAGE_FILES:
+        data = col.artifacts.json_or_none(rel)
+        if data is None:
+            continue
+        if rel == AB_RESULTS:
+            counts = data.get("summary") or {}
+            row[rel] = f"{counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, {counts.get('skipped', 0)} skipped"
+        else:
+            row[rel] = str(data.get("status", "?"))
+        if rel == ENV:
+            row["run_id"] = str(data.get("run_id", "?"))
+    result.stages[col.label] = row
+
+
+def _builds(result: DiffResult, col: Column) -> None:
+    build = col.artifacts.json_or_none(BUILD)
+    if build is None:
+        return
+    targets = build.get("targets")
+    if not isinstance(targets, list):
+        raise UnusableInput(f"{col.artifacts.path(BUILD)}: 'targets' must be a list")
+    cells: dict[str, str] = {}
+    for i, target in enumerate(targets):
+        if not isinstance(target, dict) or not isinstance(target.get("name"), str):
+            raise UnusableInput(f"{col.artifacts.path(BUILD)}: targets[{i}].name must be a string")
+        status = str(target.get("status", "?"))
+        detail = target.get("detail") if status != "passed" else ""
+        cells[target["name"]] = status + (f" ({detail})" if detail else "")
+    result.builds[col.label] = cells
+
+
+def _kernels(result: DiffResult, col: Column) -> None:
+    ref = result.reference.artifacts
+    if not (ref.has(AB_MANIFEST) and col.artifacts.has(AB_MANIFEST)):
+        return
+    try:
+        # The image's outputs against the reference's (errors are relative to the reference).
+        results, one_side = compare_dumps(str(col.artifacts.path("ab")), str(ref.path("ab")))
+    except DumpError as exc:
+        raise UnusableInput(str(exc)) from None
+    result.kernels.append(KernelComparison(col.label, results, one_side))
+
+
+def _tokens(result: DiffResult, col: Column) -> None:
+    ref = result.reference.artifacts
+    if not (ref.has(E2E_TOKENS) and col.artifacts.has(E2E_TOKENS)):
+        return
+    reference = read_generations(ref.path(E2E_TOKENS))
+    rows = compare_generations(reference, read_generations(col.artifacts.path(E2E_TOKENS)), result.near_tie_margin)
+    result.tokens.append(TokenComparison(col.label, rows))
+    result.problems += [f"{col.label}: prompt {r.prompt_index}: {r.detail}" for r in rows if r.status == MISMATCH]
+
+
+def _fallbacks(result: DiffResult, col: Column) -> None:
+    cells: dict[str, list[str]] = {}
+    for rel, where in ((VERIFY, "verify"), (E2E_REPORT, "e2e")):
+        data = col.artifacts.json_or_none(rel)
+        if data is None:
+            continue
+        ops = data.get("ops")
+        listed = ops.get("fallbacks") if isinstance(ops, dict) else None
+        if not isinstance(listed, list):
+            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.fallbacks' must be a list (the output of kernels.report())")
+        for i, fb in enumerate(listed):
+            if not isinstance(fb, dict) or not isinstance(fb.get("op"), str):
+                raise UnusableInput(f"{col.artifacts.path(rel)}: ops.fallbacks[{i}].op must be a string")
+            cells.setdefault(fb["op"], []).append(f"{where}: {fb.get('requested')}->{fb.get('used')}")
+    result.fallbacks[col.label] = {op: "; ".join(v) for op, v in cells.items()}

@@ -1,0 +1,86 @@
+"""The report's PNG plots (matplotlib, drawn without pyplot so no GUI backend is touched)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .atomic import write_bytes_atomic
+from .collect import DiffResult
+from .tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
+
+KERNEL_HEATMAP = "kernel_errors.png"
+TOKEN_DIVERGENCE = "token_divergence.png"
+ZERO_FLOOR = 1e-9  # colour of bitwise-equal cells on the log scale
+STATUS_STYLE = {IDENTICAL: ("o", "#2ca02c"), NEAR_TIE: ("D", "#ff9f1c"), REAL: ("X", "#d62728"), MISMATCH: ("s", "#7f7f7f")}
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def kernel_heatmap(result: DiffResult, folder: Path) -> str | None:
+    """Worst max relative error per op (rows) and image (columns) against the reference."""
+    if not result.kernels:
+        return None
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    summaries = [k.by_op() for k in result.kernels]
+    ops = sorted(set().union(*summaries))
+    if not ops:
+        return None
+    values = [[max(s[op].worst_rel, ZERO_FLOOR) if op in s else math.nan for s in summaries] for op in ops]
+    top = max([1.0] + [v for row in values for v in row if not math.isnan(v)])
+    fig = Figure(figsize=(2.2 + 1.3 * len(summaries), 1.2 + 0.45 * len(ops)))
+    ax = fig.subplots()
+    image = ax.imshow(values, aspect="auto", cmap="viridis", norm=LogNorm(vmin=ZERO_FLOOR, vmax=top))
+    ax.set_xticks(range(len(summaries)), [k.column for k in result.kernels], rotation=30, ha="right")
+    ax.set_yticks(range(len(ops)), ops)
+    for y, op in enumerate(ops):
+        for x, s in enumerate(summaries):
+            if op not in s:
+                ax.text(x, y, "n/a", ha="center", va="center", fontsize=7, color="grey")
+                continue
+            text = "0" if s[op].worst_rel == 0 else f"{s[op].worst_rel:.1e}"
+            bad = s[op].differs > 0
+            ax.text(x, y, text + (" ✗" if bad else ""), ha="center", va="center", fontsize=7,
+                    color="red" if bad else "white", fontweight="bold" if bad else "normal")
+    fig.colorbar(image, ax=ax, label="max relative error vs reference (0 shown at 1e-9)")
+    ax.set_title(f"kernel outputs vs {result.reference.label}")
+    _save(fig, folder / KERNEL_HEATMAP)
+    return KERNEL_HEATMAP
+
+
+def token_divergence(result: DiffResult, folder: Path) -> str | None:
+    """Per prompt: the reference's length (bar) and each image's first divergence (marker)."""
+    if not result.tokens:
+        return None
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    prompts = sorted({r.prompt_index for t in result.tokens for r in t.rows})
+    fig = Figure(figsize=(max(5.0, 0.5 * len(prompts) * len(result.tokens) + 2), 3.6))
+    ax = fig.subplots()
+    width = 0.8 / len(result.tokens)
+    for i, comparison in enumerate(result.tokens):
+        for row in comparison.rows:
+            x = prompts.index(row.prompt_index) - 0.4 + width * (i + 0.5)
+            ax.bar(x, row.reference_length, width=width * 0.9, color="#dddddd", edgecolor="#999999")
+            marker, colour = STATUS_STYLE[row.status]
+            y = row.position if row.position is not None else row.reference_length
+            ax.scatter([x], [y], marker=marker, color=colour, s=60, zorder=3)
+            if len(result.tokens) > 1:
+                ax.text(x, 0.2, comparison.column, ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_xticks(range(len(prompts)), [str(p) for p in prompts])
+    ax.set_xlabel("prompt" + (" (one bar per image, named inside)" if len(result.tokens) > 1 else f" ({result.tokens[0].column})"))
+    ax.set_ylabel("token position")
+    ax.set_title(f"first token divergence vs {result.reference.label} (bar: reference length)")
+    handles = [Line2D([], [], linestyle="", marker=m, color=c, label=s) for s, (m, c) in STATUS_STYLE.items()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    _save(fig, folder / TOKEN_DIVERGENCE)
+    return TOKEN_DIVERGENCE

@@ -1,0 +1,112 @@
+"""Render a :class:`~.collect.DiffResult` as ``report.md`` and ``report.html`` with PNG plots."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kernels.compare import DIFFERS
+
+from . import plots
+from .atomic import write_text_atomic
+from .collect import DiffResult
+from .document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
+
+ABSENT = "-"
+
+
+def _short(text: str, limit: int = 48) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _grid(result: DiffResult, data: dict[str, dict[str, str]], key_name: str) -> Table | None:
+    """Rows = keys, columns = images, plus whether the images disagree on the row."""
+    labels = [c.label for c in result.columns]
+    keys = list(dict.fromkeys(k for label in labels for k in data.get(label, {})))
+    if not keys:
+        return None
+    rows = []
+    for key in keys:
+        cells = [data[label].get(key, ABSENT) if label in data else ABSENT for label in labels]
+        rows.append([key, *cells, "yes" if len(set(cells)) > 1 else ""])
+    return Table([key_name, *labels, "differs"], rows)
+
+
+def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
+    ref = result.reference.label
+    blocks: list[Block] = [
+        Heading(1, f"Cross-image diff against {ref}"),
+        Paragraph(f"Verdict: {result.verdict()} (exit {result.exit_code()}). Images: {', '.join(c.label for c in result.columns)}; "
+                  f"near-tie margin: {result.near_tie_margin:g}; written {datetime.now(timezone.utc).isoformat(timespec='seconds')}."),
+    ]
+    if result.missing or result.problems:
+        blocks += [Heading(2, "Unusable input"),
+                   Bullets([m.message(result.artifacts) for m in result.missing] + result.problems)]
+    if result.not_run:
+        blocks.append(Paragraph("No image has: " + ", ".join(result.not_run) + "."))
+    for title, data, key in (("Versions", result.versions, "component"), ("Stages", result.stages, "artifact"),
+                             ("Builds", result.builds, "target"), ("Fallbacks", result.fallbacks, "op")):
+        table = _grid(result, data, key)
+        if table is not None:
+            blocks += [Heading(2, title), table]
+    blocks += _kernel_blocks(result, figures.get("kernels"))
+    blocks += _token_blocks(result, figures.get("tokens"))
+    return blocks
+
+
+def _kernel_blocks(result: DiffResult, figure: str | None) -> list[Block]:
+    if not result.kernels:
+        return []
+    blocks: list[Block] = [Heading(2, f"Kernel outputs (A/B dumps) against {result.reference.label}")]
+    if figure:
+        blocks.append(Figure(figure, "worst max relative error per op and image (✗: a case beyond tolerance)"))
+    for comparison in result.kernels:
+        blocks.append(Heading(3, comparison.column))
+        rows = [[s.op, str(s.cases), str(s.equal), str(s.close), str(s.differs), f"{s.worst_rel:.3g}", s.worst_case]
+                for s in comparison.by_op().values()]
+        blocks.append(Table(["op", "cases", "bitwise equal", "within tolerance", "beyond tolerance", "worst max rel", "worst case"], rows))
+        failures = []
+        for r in comparison.failed():
+            where = "; ".join(f"{d.output}{d.first_diff or ''}: {d.detail}" for d in r.outputs if d.status == DIFFERS)
+            failures.append(f"{r.op}/{r.case}: " + "; ".join(x for x in (where, r.reason) if x))
+        if failures:
+            blocks.append(Bullets(failures))
+        for side, cases in comparison.one_side.items():
+            if cases:
+                owner = comparison.column if side == "only_in_a" else result.reference.label
+                blocks.append(Paragraph(f"Cases dumped by {owner} only: {', '.join(cases)}"))
+    return blocks
+
+
+def _token_blocks(result: DiffResult, figure: str | None) -> list[Block]:
+    if not result.tokens:
+        return []
+    blocks: list[Block] = [Heading(2, f"E2E tokens against {result.reference.label}")]
+    if figure:
+        blocks.append(Figure(figure, "first divergence per prompt and image"))
+    for comparison in result.tokens:
+        blocks.append(Heading(3, comparison.column))
+        rows = []
+        for r in comparison.rows:
+            margin = ABSENT if r.margin is None else f"{r.margin:.3f}"
+            tokens = ABSENT if r.position is None else f"{r.reference_token} -> {r.token}"
+            rows.append([str(r.prompt_index), _short(r.prompt), r.status, ABSENT if r.position is None else str(r.position),
+                         margin, tokens, f"{r.reference_length} / {r.length}", r.detail])
+        blocks.append(Table(["prompt", "text", "status", "first divergence", "reference top-2 margin",
+                             "reference -> image token", "lengths (ref / image)", "detail"], rows))
+    return blocks
+
+
+def write(result: DiffResult, folder: Path) -> dict[str, Path]:
+    """Write the plots, report.md and report.html into ``folder``; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {"kernels": plots.kernel_heatmap(result, folder), "tokens": plots.token_divergence(result, folder)}
+    for stale in {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE} - set(figures.values()):
+        (folder / stale).unlink(missing_ok=True)
+    blocks = build(result, figures)
+    write_text_atomic(folder / "report.md", to_markdown(blocks))
+    write_text_atomic(folder / "report.html", to_html(blocks, f"bringup diff against {result.reference.label}", folder))
+    paths = {"report.md": folder / "report.md", "report.html": folder / "report.html"}
+    paths.update({name: folder / name for name in figures.values() if name})
+    return paths

@@ -1,0 +1,99 @@
+"""``invoke diff``: collect, write the report under ``<artifacts>/diff/``, print a summary.
+
+Exit status: 0 identical or within tolerance, 1 a real token divergence or a kernel case
+beyond tolerance, 2 unusable input (nothing to compare; or missing or broken artifacts, and
+then the report is still written with what could be read).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .collect import DiffResult, collect
+from .report import write
+from .tokens import IDENTICAL, NEAR_TIE, REAL
+
+REPORT_FOLDER = "diff"
+
+
+def command(matrix: str, artifacts: str, images: str = "", reference: str = "", near_tie_margin: str = "") -> int:
+    """``invoke diff``: defaults from the matrix (images with artifacts, reference, margin; see
+    :func:`pick_reference`); names are checked against it. Exit 2 on a bad matrix or argument."""
+    from ..errors import ConfigError
+    from ..matrix import load_matrix
+
+    try:
+        m = load_matrix(matrix)
+        names = [n.strip() for n in images.split(",") if n.strip()]
+        for name in [*names, *([reference] if reference else [])]:
+            m.image(name)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        margin = float(near_tie_margin) if near_tie_margin else m.settings.diff.near_tie_margin
+    except ValueError:
+        print(f"error: --near-tie-margin: expected a number, got {near_tie_margin!r}", file=sys.stderr)
+        return 2
+    folder = Path(artifacts)
+    chosen = names or default_images(folder, list(m.images))
+    return run_diff(folder, chosen, reference or pick_reference(m.reference, names), margin)
+
+
+def pick_reference(matrix_reference: str, listed: list[str]) -> str:
+    """The matrix's reference, unless ``--images`` lists images without it: then the first listed."""
+    return listed[0] if listed and matrix_reference not in listed else matrix_reference
+
+
+def default_images(artifacts: Path, matrix_images: list[str]) -> list[str]:
+    """The matrix's images that have an artifact folder, in matrix order."""
+    return [name for name in matrix_images if (artifacts / name).is_dir()]
+
+
+def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin: float) -> int:
+    """Diff ``images`` against ``reference``; writes the report and returns the exit status."""
+    if near_tie_margin < 0:
+        print(f"error: near-tie margin must be >= 0, got {near_tie_margin}", file=sys.stderr)
+        return 2
+    others = list(images)
+    if reference in others:
+        others.remove(reference)
+    if not others:
+        print(f"error: nothing to compare with {reference!r}: no other image listed or with artifacts under {artifacts} "
+              f"(make them: invoke all --image <name>)", file=sys.stderr)
+        return 2
+    result = collect(Path(artifacts), images, reference, near_tie_margin)
+    paths = write(result, Path(artifacts) / REPORT_FOLDER)
+    print_summary(result)
+    for message in [m.message(result.artifacts) for m in result.missing] + result.problems:
+        print(f"error: {message}", file=sys.stderr)
+    print(f"report: {paths['report.md']} and {paths['report.html']}")
+    return result.exit_code()
+
+
+def print_summary(result: DiffResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    kernels = {k.column: k for k in result.kernels}
+    tokens = {t.column: t for t in result.tokens}
+    ref_versions = result.versions.get(result.reference.label, {})
+    table = Table(title=f"diff against {result.reference.label}: {result.verdict()}")
+    for col in ("image", "versions differing", "kernel cases (equal/close/beyond)", "tokens (same/near-tie/real)", "fallbacks"):
+        table.add_column(col)
+    for col in result.compared:
+        versions = result.versions.get(col.label)
+        n_versions = "-" if versions is None else str(sum(versions.get(k) != v for k, v in ref_versions.items()))
+        k = kernels.get(col.label)
+        if k is None:
+            kernel_cell = "-"
+        else:
+            summaries = k.by_op().values()
+            beyond = sum(s.differs for s in summaries)
+            kernel_cell = f"{sum(s.equal for s in summaries)}/{sum(s.close for s in summaries)}/" + (f"[bold red]{beyond}[/]" if beyond else "0")
+        t = tokens.get(col.label)
+        token_cell = "-" if t is None else f"{t.count(IDENTICAL)}/{t.count(NEAR_TIE)}/" + (f"[bold red]{t.count(REAL)}[/]" if t.count(REAL) else "0")
+        fallbacks = result.fallbacks.get(col.label)
+        table.add_row(col.label, n_versions, kernel_cell, token_cell, "-" if fallbacks is None else str(len(fallbacks)))
+    Console(width=160).print(table)

@@ -1,0 +1,155 @@
+"""``invoke doctor``: each check's status and hint, GPU holders through PID -> cgroup -> container."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bringup import doctor
+from test_clean import _wait_for, start, write_record
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _hex_id(rng: random.Random) -> str:
+    return "".join(rng.choice("0123456789abcdef") for _ in range(64))
+
+
+def test_parse_compute_apps_recorded_outputs():
+    recorded = "2814467, 81042 MiB\n2814468, 80998 MiB\n  17, [N/A]\n"
+    assert doctor.parse_compute_apps(recorded) == [(2814467, 81042), (2814468, 80998), (17, None)]
+    assert doctor.parse_compute_apps("") == []
+    assert doctor.parse_compute_apps("No running processes found\n") == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_container_id_from_recorded_cgroup_files(seed):
+    rng = random.Random(seed)
+    cid, outer = _hex_id(rng), _hex_id(rng)
+    samples = {
+        f"12:memory:/docker/{cid}\n11:cpu,cpuacct:/docker/{cid}\n1:name=systemd:/docker/{cid}\n": cid,
+        f"0::/system.slice/docker-{cid}.scope\n": cid,
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1b2c3d4e_5f6a.slice/cri-containerd-{cid}.scope\n": cid,
+        f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{cid}.scope/container\n": cid,
+        f"0::/docker/{outer}/docker/{cid}\n": cid,
+        "0::/user.slice/user-0.slice/session-1.scope\n": None,
+        f"4:memory:/batch/job-{cid[:32]}\n0::/\n": None,
+    }
+    for text, expected in samples.items():
+        assert doctor.container_id_from_cgroup(text) == expected, text
+
+
+def test_real_cgroup_file_of_a_real_process(procs):
+    """This machine's cgroup file as read for a GPU holder: a container id only where one is named."""
+    proc = start("r-real", ["sleep", "600"])
+    procs.append(proc)
+    assert _wait_for(lambda: (Path("/proc") / str(proc.pid) / "cmdline").read_bytes() == b"sleep\x00600\x00")
+    text = (Path("/proc") / str(proc.pid) / "cgroup").read_text()
+    found = doctor.container_id_from_cgroup(text)
+    assert found is None or found in text
+    cid = _hex_id(random.Random(9))
+    assert doctor.container_id_from_cgroup(text + f"0::/system.slice/docker-{cid}.scope\n") == cid
+    holder = doctor.gpu_process(proc.pid, 512, lambda container: f"name-of-{container[:12]}")
+    assert (holder.pid, holder.used_mib, holder.run_id, holder.container_id) == (proc.pid, 512, "r-real", found)
+    assert holder.cmdline == "sleep 600"
+    assert holder.where() == (f"container name-of-{found[:12]}" if found else "host process")
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
+def _fake_nvidia_smi(folder: Path, gpus: str, apps: str) -> None:
+    """An nvidia-smi on PATH that replays recorded outputs for the two queries doctor makes."""
+    (folder / "gpus.csv").write_text(gpus)
+    (folder / "apps.csv").write_text(apps)
+    script = folder / "nvidia-smi"
+    script.write_text(f'#!/bin/sh\ncase "$*" in\n  *--query-compute-apps*) cat "{folder}/apps.csv" ;;\n'
+                      f'  *--query-gpu*) cat "{folder}/gpus.csv" ;;\n  *) exit 2 ;;\nesac\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+
+
+def test_gpu_held_by_an_orphan_fails_with_the_clean_hint(tmp_path, procs, monkeypatch):
+    from bringup import clean
+
+    artifacts = tmp_path / "artifacts"
+    write_record(artifacts, "r-ended", os.getpid(), ended=True)
+    orphan = start("r-ended", ["sleep", "600"])
+    colleague = start(None, ["sleep", "601"])
+    procs += [orphan, colleague]
+    assert _wait_for(lambda: any(p.pid == orphan.pid and p.cmdline == "sleep 600" for p in clean.run_processes()))
+    assert _wait_for(lambda: (Path("/proc") / str(colleague.pid) / "cmdline").read_bytes() == b"sleep\x00601\x00")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_nvidia_smi(bin_dir, "0, NVIDIA H200, 81042 MiB, 143771 MiB\n1, NVIDIA H200, 1 MiB, 143771 MiB\n",
+                     f"{orphan.pid}, 81042 MiB\n{colleague.pid}, 1024 MiB\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    gpus, has_gpus = doctor.check_gpus()
+    assert has_gpus and gpus.status == doctor.OK and "NVIDIA H200" in gpus.message
+    leftovers = clean.find_leftovers(artifacts, None)
+    holders = doctor.check_gpu_holders(None, leftovers, has_gpus)
+    assert holders.status == doctor.FAIL and holders.fix.startswith("invoke clean")
+    assert f"pid {orphan.pid} (host process, 81042 MiB, run r-ended ended): sleep 600" in holders.message
+    assert f"pid {colleague.pid} (host process, 1024 MiB): sleep 601" in holders.message
+    orphans = doctor.check_orphans(leftovers)
+    assert orphans.status == doctor.WARN and f"run r-ended (ended): pid {orphan.pid}" in orphans.message
+
+    # Only the colleague left: a warning naming who holds it, not a failure.
+    os.killpg(orphan.pid, 9)
+    orphan.wait()
+    _fake_nvidia_smi(bin_dir, "0, NVIDIA H200, 1024 MiB, 143771 MiB\n", f"{colleague.pid}, 1024 MiB\n")
+    assert doctor.check_gpu_holders(None, clean.find_leftovers(artifacts, None), True).status == doctor.WARN
+    _fake_nvidia_smi(bin_dir, "0, NVIDIA H200, 0 MiB, 143771 MiB\n", "")
+    assert doctor.check_gpu_holders(None, clean.find_leftovers(artifacts, None), True).status == doctor.OK
+
+
+def test_disk_thresholds(tmp_path, monkeypatch):
+    free = shutil.disk_usage(tmp_path).free / doctor.GIB
+    monkeypatch.setattr(doctor, "DISK_FAIL_GIB", free + 1)
+    monkeypatch.setattr(doctor, "DISK_WARN_GIB", free + 2)
+    failing = doctor.check_disk("disk", tmp_path / "not" / "made" / "yet")
+    assert failing.status == doctor.FAIL and "bind mount" in failing.fix
+    monkeypatch.setattr(doctor, "DISK_FAIL_GIB", 0)
+    assert doctor.check_disk("disk", tmp_path).status == doctor.WARN
+    monkeypatch.setattr(doctor, "DISK_WARN_GIB", 0)
+    assert doctor.check_disk("disk", tmp_path).status == doctor.OK
+
+
+def test_infiniband_devices_are_listed(tmp_path):
+    assert "single-node" in doctor.check_infiniband(tmp_path / "absent").message
+    for name in ("mlx5_1", "mlx5_0"):
+        (tmp_path / name).mkdir()
+    assert doctor.check_infiniband(tmp_path).message == "mlx5_0, mlx5_1"
+
+
+def test_every_check_reports_here_without_crashing(tmp_path):
+    checks = doctor.run_checks(tmp_path)
+    names = [c.name for c in checks]
+    assert names == ["python/torch/triton", "docker daemon", "nvidia runtime", "gpus", "gpu holders", "orphans",
+                     "disk /tmp", "disk artifacts", "/dev/shm", "infiniband"]
+    assert all(c.status in (doctor.OK, doctor.WARN, doctor.FAIL, doctor.SKIP) and c.message for c in checks)
+    assert all(c.fix for c in checks if c.status in (doctor.WARN, doctor.FAIL))
+    if shutil.which("nvidia-smi") is None:
+        assert {c.name: c.status for c in checks}["gpus"] == doctor.SKIP
+
+
+def test_invoke_doctor_prints_the_table(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--artifacts", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr
+    assert "bringup doctor" in proc.stdout and "infiniband" in proc.stdout
+    assert proc.returncode == (1 if "│ fail " in proc.stdout else 0)
