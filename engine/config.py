@@ -160,7 +160,9 @@ class EngineConfig:
 
     ``num_kv_blocks`` None sizes the paged cache for ``max_num_seqs`` sequences of
     ``max_model_len`` tokens (on CUDA, capped by ``gpu_memory_utilization`` of free memory).
-    ``max_model_len`` None means min(max_position_embeddings, 4096).
+    ``max_model_len`` None means min(max_position_embeddings, 4096). ``expert_parallel`` splits
+    the routed experts across the ranks of the initialized torch.distributed default group
+    (see :mod:`engine.parallel`); every rank then steps in lockstep with the others.
     """
 
     model_dir: str
@@ -174,6 +176,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     seed: int = 0
+    expert_parallel: bool = False
     model: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:

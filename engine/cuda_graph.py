@@ -6,9 +6,15 @@ the buffers, pads the batch to the next captured size (padding rows: slot -1, so
 written to the cache, and context length 0, so their attention is zero) and replays. The
 model forward of a decode step has fixed shapes and no host synchronization, which is what
 makes it capturable.
+
+Under expert parallelism the MoE exchange is captured too: ``prepare(batch)`` sets it up before
+each batch size is warmed up and captured (all ranks capture the same sizes in the same order),
+and ``run`` takes the batch size all ranks agreed on.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -22,7 +28,7 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, max_batch: int, width: int, device: torch.device):
+    def __init__(self, model, max_batch: int, width: int, device: torch.device, prepare: Callable[[int], None] | None = None):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_batch)
         i64 = dict(dtype=torch.int64, device=device)
@@ -35,6 +41,8 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         for bs in reversed(self.batch_sizes):
+            if prepare is not None:
+                prepare(bs)
             self._forward(bs)  # warm up: resolves every op's backend and compiles kernels outside capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
@@ -56,10 +64,13 @@ class DecodeGraphs:
         meta = AttentionMeta(False, self.slots[:bs], block_tables=self.block_tables[:bs], context_lens=self.context_lens[:bs])
         return self.model(self.input_ids[:bs], self.positions[:bs], meta)
 
-    def run(self, input_ids, positions, slots, block_tables, context_lens) -> torch.Tensor:
-        """Hidden states [B, hidden] of one decode step (B <= max_batch; tables of the captured width)."""
+    def run(self, input_ids, positions, slots, block_tables, context_lens, batch: int | None = None) -> torch.Tensor:
+        """Hidden states [B, hidden] of one decode step (B <= max_batch; tables of the captured width),
+        replaying the graph of ``batch`` rows (a captured size >= B; default: the smallest that fits)."""
         b = input_ids.shape[0]
-        bs = next(size for size in self.batch_sizes if size >= b)
+        bs = batch if batch is not None else next(size for size in self.batch_sizes if size >= b)
+        if bs not in self.graphs or bs < b:
+            raise ValueError(f"no captured decode graph of {bs} rows for a batch of {b} (captured: {self.batch_sizes})")
         self.input_ids[:b].copy_(input_ids)
         self.positions[:b].copy_(positions)
         self.positions[b:bs].zero_()

@@ -22,7 +22,11 @@ class LLM:
     ``dtype`` is "float32" or "bfloat16", ``device`` "cpu" or "cuda"; other keyword arguments
     are :class:`engine.config.EngineConfig` fields (block_size, max_num_seqs,
     max_num_batched_tokens, max_model_len, num_kv_blocks, gpu_memory_utilization,
-    enforce_eager, seed).
+    enforce_eager, seed, expert_parallel).
+
+    With ``expert_parallel=True`` every rank of the torch.distributed group builds its own LLM
+    and serves its own requests; the routed experts are split across the ranks, so all ranks
+    call :meth:`busy` and :meth:`step` (or :meth:`generate`) together until none has work.
     """
 
     def __init__(self, model_dir: str, dtype: str = "float32", device: str = "cpu", **kwargs):
@@ -51,8 +55,17 @@ class LLM:
         self.scheduler.add(seq)
         return seq
 
-    def step(self) -> tuple[list[Sequence], StepResult]:
-        """Schedule and run one step; returns the sequences it ran and its result."""
+    def busy(self) -> bool:
+        """True while this engine has unfinished requests; under expert parallelism while any
+        rank has (a collective: every rank calls it once per step)."""
+        return self.runner.any_rank_busy(not self.scheduler.is_finished())
+
+    def step(self) -> tuple[list[Sequence], StepResult | None]:
+        """Schedule and run one step; returns the sequences it ran and its result. Under expert
+        parallelism a rank whose requests are all done runs an idle step instead: ``([], None)``."""
+        if self.runner.ep is not None and self.scheduler.is_finished():
+            self.runner.idle_step()
+            return [], None
         seqs, is_prefill = self.scheduler.schedule()
         result = self.runner.run(seqs, is_prefill)
         self.scheduler.postprocess(seqs, result.token_ids, result.logprobs, result.top2_margins)
@@ -73,7 +86,7 @@ class LLM:
         if len(per_prompt) != len(prompts):
             raise ValueError(f"generate: {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, per_prompt)]
-        while not self.scheduler.is_finished():
+        while self.busy():
             self.step()
         return [self._output(seq) for seq in seqs]
 

@@ -47,6 +47,11 @@ class CheckpointWeights:
         self._taken.add(name)
         return self._handles[self._where[name]].get_tensor(name)
 
+    def skip(self, prefix: str) -> None:
+        """Leave every tensor named ``prefix...`` unloaded on purpose (another rank's experts);
+        :meth:`check_all_used` accepts them."""
+        self._taken.update(name for name in self._where if name.startswith(prefix))
+
     def check_all_used(self) -> None:
         left = []
         for name in self._where:

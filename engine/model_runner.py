@@ -4,6 +4,10 @@ Owns the weights, the paged KV cache (one ``[num_blocks, block_size, kv_lora_ran
 tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs. The step's
 metadata is packed into tensors once, on the host, by ``engine._C`` (or its Python twin);
 the forward itself never synchronizes with the host during decode.
+
+Under expert parallelism (``EngineConfig.expert_parallel``) each step is first agreed with the
+other ranks (:meth:`engine.parallel.expert_parallel.ExpertParallel.plan_step`), and a rank
+without requests runs :meth:`ModelRunner.idle_step` so the others' exchanges complete.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from .layers.attention import AttentionMeta
 from .loader import CheckpointWeights
 from .models.deepseek_v3 import DeepseekV3
 from .native import host_ops
+from .parallel.expert_parallel import ExpertParallel, StepPlan
 from .sampler import SamplingBatch, sample_tokens
 from .sequence import Sequence
 
@@ -40,7 +45,10 @@ class ModelRunner:
         self.device = torch.device(config.device)
         model_config = config.model
         weights = CheckpointWeights(config.model_dir, model_config.num_hidden_layers)
-        self.model = DeepseekV3(model_config, weights, config.torch_dtype, self.device, config.max_model_len)
+        self.ep = None
+        if config.expert_parallel:
+            self.ep = ExpertParallel(model_config.n_routed_experts, model_config.num_experts_per_tok, self.device)
+        self.model = DeepseekV3(model_config, weights, config.torch_dtype, self.device, config.max_model_len, self.ep)
         weights.check_all_used()
         self.ops = host_ops()
         width = model_config.kv_lora_rank + model_config.qk_rope_head_dim
@@ -52,7 +60,8 @@ class ModelRunner:
             attention.kv_cache = self.kv_cache[layer]
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device)
+            prepare = self.ep.prepare_capture if self.ep is not None else None
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device, prepare)
 
     def _default_num_blocks(self, width: int) -> int:
         """Enough for ``max_num_seqs`` full-length sequences; on CUDA at most what
@@ -71,6 +80,26 @@ class ModelRunner:
         tokens, logprobs, margins = sample_tokens(logits, SamplingBatch.of(seqs, self.device))
         return StepResult(tokens.tolist(), logprobs.tolist(), margins.tolist(), logits)
 
+    def any_rank_busy(self, busy: bool) -> bool:
+        """``busy`` itself; under expert parallelism whether any rank is busy (a collective)."""
+        return self.ep.any_busy(busy) if self.ep is not None else busy
+
+    @torch.inference_mode()
+    def idle_step(self) -> None:
+        """A step without requests of this rank's own, under expert parallelism: its experts
+        serve the other ranks' tokens."""
+        if self.ep is None:
+            raise RuntimeError("an idle step only exists under expert parallelism (there is no request to run)")
+        self.ep.plan_step(0, False, self._graph_sizes())
+        self.model.idle()
+
+    def _graph_sizes(self) -> list[int]:
+        return self.graphs.batch_sizes if self.graphs is not None else []
+
+    def _plan(self, tokens: int, wants_graph: bool) -> StepPlan | None:
+        """The step agreed with the other ranks (None without expert parallelism)."""
+        return self.ep.plan_step(tokens, wants_graph, self._graph_sizes()) if self.ep is not None else None
+
     def _to_device(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.to(self.device, non_blocking=True) for t in tensors]
 
@@ -81,14 +110,19 @@ class ModelRunner:
         if is_prefill:
             ids, pos, slots, ctx, cu_q, cu_k, last = self._to_device(self.ops.pack_prefill(
                 [s.token_ids for s in seqs], [s.num_cached_tokens for s in seqs], [s.block_table for s in seqs], bs))
+            self._plan(ids.shape[0], False)
             hidden = self.model(ids, pos, AttentionMeta(True, slots, ctx, cu_q, cu_k))[last]
         else:
-            use_graph = self.graphs is not None and len(seqs) <= self.graphs.max_batch
+            plan = self._plan(len(seqs), self.graphs is not None)
+            if plan is None:
+                use_graph, batch = self.graphs is not None and len(seqs) <= self.graphs.max_batch, None
+            else:
+                use_graph, batch = plan.use_graph, plan.step_tokens
             width = self.config.max_blocks_per_seq if use_graph else max(len(s.block_table) for s in seqs)
             ids, pos, slots, tables, lens = self._to_device(self.ops.pack_decode(
                 [s.last_token for s in seqs], [len(s) for s in seqs], [s.block_table for s in seqs], bs, width))
             if use_graph:
-                hidden = self.graphs.run(ids, pos, slots, tables, lens)
+                hidden = self.graphs.run(ids, pos, slots, tables, lens, batch)
             else:
                 hidden = self.model(ids, pos, AttentionMeta(False, slots, block_tables=tables, context_lens=lens))
         return self.model.logits(hidden)

@@ -6,6 +6,7 @@ rank's experts, with every expert that is not on this rank given id -1; ``combin
 experts' partial sums back to the tokens' owner. Shapes depend only on the batch size and the
 configuration, never on the routing, and nothing synchronizes with the host, so the exchange
 can be captured in a CUDA graph. With one rank, every expert is local and both are identities.
+Across ranks the same contract is kept by :class:`engine.parallel.exchange.ExpertExchange`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """DeepSeek-V3 MoE: sigmoid router with grouped top-k (``moe.gate``), routed experts
-(``moe.fused_experts``) behind the exchange point, plus the always-on shared experts."""
+(``moe.fused_experts``) behind the exchange point, plus the always-on shared experts.
+
+Without expert parallelism every expert is here (:class:`LocalExchange`); with it (``ep``, an
+:class:`engine.parallel.expert_parallel.ExpertParallel`) only this rank's experts are loaded and
+the exchange moves tokens to and from the other ranks.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,10 @@ from .mlp import MLP
 
 
 class MoE:
-    def __init__(self, config: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device,
+                 ep=None):
         c = config
+        self.hidden_size, self.dtype, self.device = c.hidden_size, dtype, device
         self.top_k, self.n_group, self.topk_group = c.num_experts_per_tok, c.n_group, c.topk_group
         self.routed_scaling_factor, self.norm_topk_prob = c.routed_scaling_factor, c.norm_topk_prob
         self.scale_fmt = c.fp8_scale_fmt
@@ -25,31 +32,53 @@ class MoE:
         self.gate_weight = weights.get(f"{prefix}.gate.weight").to(device=device, dtype=torch.float32)
         bias_name = f"{prefix}.gate.e_score_correction_bias"
         self.bias = weights.get(bias_name).to(device=device, dtype=torch.float32) if weights.has(bias_name) else None
-        self.w13, self.w2, self.w13_scale, self.w2_scale = _load_experts(c, weights, f"{prefix}.experts", dtype, device)
+        local = ep.local_experts if ep is not None else range(c.n_routed_experts)
+        self.w13, self.w2, self.w13_scale, self.w2_scale = _load_experts(c, weights, f"{prefix}.experts", dtype, device, local)
         self.shared = MLP(weights, f"{prefix}.shared_experts", dtype, device, c.fp8_scale_fmt) if c.n_shared_experts else None
-        self.exchange = LocalExchange()
+        self.exchange = ep.exchange() if ep is not None else LocalExchange()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x.float(), self.gate_weight)
         weights, ids = moe.gate(logits, self.bias, self.top_k, self.n_group, self.topk_group,
                                 routed_scaling_factor=self.routed_scaling_factor, norm_topk_prob=self.norm_topk_prob)
         xs, local_ids, local_weights = self.exchange.dispatch(x, ids, weights)
-        y = self.exchange.combine(experts.fused_experts(xs, local_ids, local_weights, self.w13, self.w2,
-                                                        self.w13_scale, self.w2_scale, self.scale_fmt))
+        y = self.exchange.combine(self._routed(xs, local_ids, local_weights))
         return y + self.shared(x) if self.shared is not None else y
 
+    def idle(self) -> None:
+        """Take part in the layer's exchange without tokens of its own: serve this rank's experts
+        to the other ranks (expert parallelism, a rank whose requests are done)."""
+        x = torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.device)
+        ids = torch.empty(0, self.top_k, dtype=torch.int64, device=self.device)
+        xs, local_ids, local_weights = self.exchange.dispatch(x, ids, torch.empty(0, self.top_k, dtype=torch.float32, device=self.device))
+        self.exchange.combine(self._routed(xs, local_ids, local_weights))
 
-def _load_experts(c: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device):
-    """Stacked ``(w13 [E, 2I, D], w2 [E, D, I], w13_scale, w2_scale)`` from per-expert tensors
-    (``experts.{e}.gate_proj/up_proj/down_proj``, as DeepSeek-V3 ships them) or from the stacked
-    ``experts.gate_up_proj`` / ``experts.down_proj`` layout."""
+    def _routed(self, xs: torch.Tensor, local_ids: torch.Tensor, local_weights: torch.Tensor) -> torch.Tensor:
+        if self.w13.shape[0] == 0:  # more ranks than experts: nothing to run here, the exchange still happens
+            return torch.zeros_like(xs)
+        return experts.fused_experts(xs, local_ids, local_weights, self.w13, self.w2, self.w13_scale, self.w2_scale, self.scale_fmt)
+
+
+def _load_experts(c: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device,
+                  local: range):
+    """Stacked ``(w13 [E, 2I, D], w2 [E, D, I], w13_scale, w2_scale)`` of the ``local`` experts
+    (global ids, contiguous) from per-expert tensors (``experts.{e}.gate_proj/up_proj/down_proj``,
+    as DeepSeek-V3 ships them) or from the stacked ``experts.gate_up_proj`` / ``experts.down_proj``
+    layout. The other experts' tensors are skipped, not read."""
     if weights.has(f"{prefix}.gate_up_proj"):
         w13, w2 = weights.get(f"{prefix}.gate_up_proj"), weights.get(f"{prefix}.down_proj")
         if w13.dtype == torch.float8_e4m3fn:
             raise LoadError(f"{prefix}: stacked FP8 experts are not supported (use per-expert tensors with weight_scale_inv)")
-        return w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype), None, None
-    w13s, w2s = [], []
+        part = slice(local.start, local.stop)
+        return w13[part].to(device=device, dtype=dtype), w2[part].to(device=device, dtype=dtype), None, None
     for e in range(c.n_routed_experts):
+        if e not in local:
+            weights.skip(f"{prefix}.{e}.")
+    if not local:
+        d, i = c.hidden_size, c.moe_intermediate_size
+        return (torch.empty(0, 2 * i, d, dtype=dtype, device=device), torch.empty(0, d, i, dtype=dtype, device=device), None, None)
+    w13s, w2s = [], []
+    for e in local:
         parts = [load_linear(weights, f"{prefix}.{e}.{name}", dtype, device, c.fp8_scale_fmt) for name in ("gate_proj", "up_proj")]
         w13s.append(concat_rows(parts, f"{prefix}.{e}"))
         w2s.append(load_linear(weights, f"{prefix}.{e}.down_proj", dtype, device, c.fp8_scale_fmt))

@@ -16,7 +16,7 @@ from ..loader import CheckpointWeights
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, weights: CheckpointWeights, index: int, dtype: torch.dtype,
-                 device: torch.device, rotary: Rotary):
+                 device: torch.device, rotary: Rotary, ep=None):
         prefix = f"model.layers.{index}"
 
         def norm(name: str) -> RMSNorm:
@@ -25,7 +25,7 @@ class DecoderLayer:
         self.input_norm, self.post_attention_norm = norm("input_layernorm"), norm("post_attention_layernorm")
         self.attn = MLAttention(config, weights, f"{prefix}.self_attn", dtype, device, rotary)
         if config.is_moe_layer(index):
-            self.mlp = MoE(config, weights, f"{prefix}.mlp", dtype, device)
+            self.mlp = MoE(config, weights, f"{prefix}.mlp", dtype, device, ep)
         else:
             self.mlp = MLP(weights, f"{prefix}.mlp", dtype, device, config.fp8_scale_fmt)
 
@@ -41,11 +41,15 @@ class DecoderLayer:
 
 
 class DeepseekV3:
-    def __init__(self, config: ModelConfig, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device, max_positions: int):
+    """The model; ``ep`` (an :class:`engine.parallel.expert_parallel.ExpertParallel`) splits the
+    routed experts across ranks, None keeps them all here."""
+
+    def __init__(self, config: ModelConfig, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device, max_positions: int,
+                 ep=None):
         self.config = config
         self.embed = weights.get("model.embed_tokens.weight").to(device=device, dtype=dtype)
         rotary = Rotary(config, max_positions, device)
-        self.layers = [DecoderLayer(config, weights, i, dtype, device, rotary) for i in range(config.num_hidden_layers)]
+        self.layers = [DecoderLayer(config, weights, i, dtype, device, rotary, ep) for i in range(config.num_hidden_layers)]
         self.norm = RMSNorm(weights.get("model.norm.weight").to(device=device, dtype=dtype), config.rms_norm_eps)
         if weights.has("lm_head.weight"):
             self.lm_head = weights.get("lm_head.weight").to(device=device, dtype=dtype)
@@ -63,6 +67,13 @@ class DeepseekV3:
         for layer in self.layers:
             h, residual = layer(h, residual, positions, meta)
         return self.norm(h, residual)[0]
+
+    def idle(self) -> None:
+        """An idle step under expert parallelism: every MoE layer's exchange, in layer order, with
+        no tokens of this rank's own."""
+        for layer in self.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.idle()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Raw fp32 logits [N, vocab] of ``hidden`` [N, hidden]."""

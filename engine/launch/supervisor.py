@@ -1,0 +1,174 @@
+"""Start the ranks of one host, watch them, and stop them all: no rank outlives the launch.
+
+Each rank is ``python -m engine.launch.worker`` in its own session (so a terminal's Ctrl-C
+reaches only the launcher, which then stops the ranks in order), with its output in
+``rank<i>.log``. The launcher polls them and ends the launch when
+
+* every rank exited 0 (exit status 0);
+* a rank died or raised (status 1): the failed rank is the one found dead first (one killed by
+  a signal before one that exited with an error, as peers of a dead rank fail in turn);
+* no stepping rank rewrote its heartbeat for ``hang_timeout`` seconds (status 1): a collective
+  hangs, the suspect is the rank with the oldest heartbeat;
+* ``timeout`` seconds passed (status 124), or SIGINT / SIGTERM arrived (130 / 143).
+
+Then every rank's process group gets SIGTERM (and SIGCONT, for stopped ones), SIGKILL after a
+grace period, and is reaped. Ranks also die with the launcher if it is killed outright
+(``PR_SET_PDEATHSIG``, see :mod:`.worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import heartbeat
+from .job import Job
+
+EXIT_OK, EXIT_RANK_FAILED, EXIT_TIMEOUT = 0, 1, 124
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+GRACE_S = 2.0
+PROC_STATES = {"R": "running", "S": "sleeping", "D": "disk-wait", "T": "stopped", "t": "traced", "Z": "zombie"}
+
+
+def process_state(pid: int) -> str | None:
+    """The state of ``pid`` from /proc ("running", "sleeping", "stopped", ...), None when unknown."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    code = text[text.rindex(")") + 2:].split()[0]
+    return PROC_STATES.get(code, code)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@dataclass
+class RankState:
+    """One rank process as the launch ended: exit code (negative: killed by that signal),
+    whether the launcher stopped it, its /proc state and heartbeat when the launch ended."""
+
+    rank: int
+    pid: int
+    exit_code: int | None = None
+    stopped_by_launcher: bool = False
+    state_at_end: str | None = None
+    phase: str | None = None
+    heartbeat_age_s: float | None = None
+
+    def as_json(self) -> dict:
+        return {"rank": self.rank, "pid": self.pid, "exit_code": self.exit_code,
+                "exit": describe_exit(self.exit_code) if self.exit_code is not None else None,
+                "stopped_by_launcher": self.stopped_by_launcher, "state_at_end": self.state_at_end,
+                "phase": self.phase, "heartbeat_age_s": self.heartbeat_age_s}
+
+
+@dataclass
+class Outcome:
+    """How the launch ended: exit code, why (None when every rank finished), the rank to blame."""
+
+    exit_code: int
+    reason: str | None
+    failed_rank: int | None
+    ranks: list[RankState] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, job: Job, out: Path, run_dir: Path, env: dict[str, str], timeout: float, poll_s: float = 0.05):
+        self.job, self.out, self.run_dir, self.env = job, out, run_dir, env
+        self.timeout, self.poll_s = timeout, poll_s
+        self.procs: list[subprocess.Popen] = []
+        self._signal: int | None = None
+
+    def run(self) -> Outcome:
+        """Start the ranks and watch them until the launch ends; nothing of it runs afterwards."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in EXIT_SIGNAL}
+        started = time.monotonic()
+        outcome = None
+        try:
+            self._start()
+            while outcome is None:
+                outcome = self._check(time.monotonic() - started)
+                if outcome is None:
+                    time.sleep(self.poll_s)
+            return outcome
+        finally:
+            ranks = self._stop_all()
+            if outcome is not None:
+                outcome.ranks = ranks
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signal = signum
+
+    def _start(self) -> None:
+        for rank in range(self.job.world_size):
+            argv = [sys.executable, "-m", "engine.launch.worker", "--run-dir", str(self.run_dir),
+                    "--rank", str(rank), "--parent-pid", str(os.getpid())]
+            with open(self.out / f"rank{rank}.log", "wb") as log:
+                self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                   env=self.env, start_new_session=True))
+            print(f"launch: rank {rank} started (pid {self.procs[-1].pid}, log {self.out / f'rank{rank}.log'})", flush=True)
+            if self._signal is not None:
+                return
+
+    def _check(self, elapsed: float) -> Outcome | None:
+        if self._signal is not None:
+            name = signal.Signals(self._signal).name
+            return Outcome(EXIT_SIGNAL[self._signal], f"interrupted by {name}", None)
+        codes = [p.poll() for p in self.procs]
+        dead = [r for r, code in enumerate(codes) if code not in (None, 0)]
+        if dead:
+            rank = min(dead, key=lambda r: (codes[r] >= 0, r))
+            return Outcome(EXIT_RANK_FAILED, f"rank {rank} {describe_exit(codes[rank])}", rank)
+        if len(codes) == self.job.world_size and all(code == 0 for code in codes):
+            return Outcome(EXIT_OK, None, None)
+        if elapsed > self.timeout:
+            return Outcome(EXIT_TIMEOUT, f"timed out after {self.timeout:g} s (--timeout)", None)
+        return self._watchdog(codes)
+
+    def _watchdog(self, codes: list[int | None]) -> Outcome | None:
+        beats = {r: heartbeat.read(self.run_dir, r) for r, code in enumerate(codes) if code is None}
+        stalled = {r: hb for r, hb in beats.items() if hb is not None and hb.stepping and hb.age_s > self.job.hang_timeout}
+        if not stalled:
+            return None
+        rank = max(stalled, key=lambda r: stalled[r].age_s)
+        return Outcome(EXIT_RANK_FAILED, f"hang: rank {rank} made no progress for {stalled[rank].age_s:.0f} s "
+                       f"(last phase {stalled[rank].phase!r}; --hang-timeout {self.job.hang_timeout:g} s)", rank)
+
+    def _stop_all(self) -> list[RankState]:
+        """Record each rank's state, then SIGTERM (+SIGCONT), SIGKILL after the grace period, reap."""
+        states = []
+        for rank, proc in enumerate(self.procs):
+            hb = heartbeat.read(self.run_dir, rank)
+            states.append(RankState(rank, proc.pid, proc.poll(), proc.returncode is None, process_state(proc.pid),
+                                    hb.phase if hb else None, round(hb.age_s, 3) if hb else None))
+        self._signal_groups(signal.SIGTERM)
+        self._signal_groups(signal.SIGCONT)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.02)
+        self._signal_groups(signal.SIGKILL)
+        for state, proc in zip(states, self.procs):
+            state.exit_code = proc.wait()
+        return states
+
+    def _signal_groups(self, sig: int) -> None:
+        # Every rank's group, exited ranks included: a rank's children may outlive it.
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -1,0 +1,131 @@
+"""One rank of a launch: ``python -m engine.launch.worker --run-dir DIR --rank R --parent-pid P``.
+
+Started by the launcher (:mod:`engine.launch.supervisor`), with its output going to
+``rank<R>.log``. It dies with the launcher (``PR_SET_PDEATHSIG`` on Linux), joins the process
+group through a file store in the run folder, builds the engine with expert parallelism,
+generates every prompt of ``job.json`` greedily while beating its heartbeat each step, and
+writes ``rank<R>.result.json`` (see :func:`run_rank`). An error ends it with a traceback in
+its log and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..e2e_report import write_atomic
+from . import heartbeat, rank_env
+from .job import Job
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent (the launcher) dies, even by SIGKILL.
+    Exits at once when the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def generate(llm, job: Job, on_step: Callable[[int], None]) -> list[dict]:
+    """Every prompt of ``job`` (greedy), with per-prompt time to first token and decode rate."""
+    from ..sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=job.max_tokens, ignore_eos=job.ignore_eos)
+    seqs = [llm.add_request(prompt, params) for prompt in job.prompts]
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    start = time.perf_counter()
+    step = 0
+    while llm.busy():
+        ran, _ = llm.step()
+        now = time.perf_counter() - start
+        for seq in ran:
+            first.setdefault(seq.seq_id, now)
+            last[seq.seq_id] = now
+        step += 1
+        on_step(step)
+    outputs = []
+    for index, (prompt, seq) in enumerate(zip(job.prompts, seqs)):
+        ids = seq.completion_token_ids
+        span = last[seq.seq_id] - first[seq.seq_id]
+        outputs.append({
+            "prompt_index": index, "prompt": prompt, "token_ids": ids, "text": llm.tokenizer.decode(ids),
+            "logprobs": list(seq.logprobs), "top2_margin": list(seq.top2_margins), "finish_reason": seq.finish_reason,
+            "ttft_s": first[seq.seq_id], "decode_tok_s": (len(ids) - 1) / span if len(ids) > 1 and span > 0 else None,
+        })
+    return outputs
+
+
+def run_rank(job: Job, rank: int, local_rank: int, init_method: str, beat: Callable[[str], None]) -> dict:
+    """Join the group as ``rank``, build the engine, generate; returns the rank's result:
+    ``rank``, ``world_size``, ``pid``, ``device``, ``backend``, ``env`` (the rank settings in
+    effect, see :mod:`.rank_env`), ``ops`` (kernels.report()), ``native``, ``versions``,
+    ``load_s``, ``generate_s`` and ``outputs`` (per prompt: token ids, text, logprobs, top-2
+    margins, finish reason, ``ttft_s``, ``decode_tok_s``)."""
+    import torch
+
+    import kernels
+    from kernels.versions import probe
+
+    from .. import native
+    from ..llm import LLM
+    from ..parallel.distributed import init_distributed
+
+    device = job.rank_device(local_rank)
+    if device == "cpu":
+        torch.set_num_threads(1)
+    beat("joining")
+    backend = init_distributed(rank, job.world_size, device, init_method, job.collective_timeout)
+    print(f"rank {rank}/{job.world_size}: pid {os.getpid()}, {backend} on {device}", flush=True)
+    beat("loading")
+    started = time.perf_counter()
+    llm = LLM(job.model, dtype=job.dtype, device=device, enforce_eager=job.enforce_eager, expert_parallel=True)
+    load_s = time.perf_counter() - started
+    beat("ready")
+    print(f"rank {rank}: generating {len(job.prompts)} prompts, experts {list(llm.runner.ep.local_experts)}", flush=True)
+    started = time.perf_counter()
+    outputs = generate(llm, job, lambda step: beat(f"step {step}"))
+    generate_s = time.perf_counter() - started
+    print(f"rank {rank}: done in {generate_s:.2f} s", flush=True)
+    return {"rank": rank, "world_size": job.world_size, "pid": os.getpid(), "device": device, "backend": backend,
+            "ops": kernels.report(), "native": native.status(), "versions": probe(),
+            "load_s": load_s, "generate_s": generate_s, "outputs": outputs}
+
+
+def result_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank{rank}.result.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.launch.worker", description="one rank of python -m engine.launch")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    env = rank_env.apply(os.environ, rank_env.quirks(single_host=True)["settings"])
+    job = Job.load(args.run_dir / "job.json")
+    result = run_rank(job, args.rank, args.rank, f"file://{args.run_dir / 'store'}",
+                      lambda phase: heartbeat.beat(args.run_dir, args.rank, phase))
+    write_atomic(result_path(args.run_dir, args.rank), json.dumps({**result, "env": env}, ensure_ascii=False))
+    heartbeat.beat(args.run_dir, args.rank, "done")
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

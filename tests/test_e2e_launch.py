@@ -1,0 +1,189 @@
+"""``python -m engine.launch`` end to end on CPU (gloo): 8 ranks of the tiny checkpoint agree and
+answer the whole key in time; a killed, hung or raising rank, a timeout, SIGTERM and a killed
+launcher all end the run with nothing of it left running (checked through /proc, by run id)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.tiny import answer_key
+
+REPO = Path(__file__).resolve().parent.parent
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+LONG_RUN = ["--max-tokens", "200", "--ignore-eos"]
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+
+
+def alive_with_run_id(run_id: str) -> list[int]:
+    """Processes (not zombies) whose environment carries BRINGUP_RUN_ID=<run_id>."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"BRINGUP_RUN_ID={run_id}".encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+class Launch:
+    """One launcher process with its own run id (CPU: Triton's interpreter is not asked for)."""
+
+    def __init__(self, out: Path, *args: str, env: dict[str, str] | None = None):
+        self.out, self.run_id = out, f"e2e-test-{secrets.token_hex(6)}"
+        base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ENGINE_OPS_BACKEND")}
+        full_env = {**base, "PYTHONPATH": str(REPO), "BRINGUP_RUN_ID": self.run_id, **(env or {})}
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine.launch", "--out", str(out), *args], cwd=REPO,
+                                     env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.output = self.proc.stdout.read()
+        return self.proc.returncode
+
+    def rank_pid(self, rank: int, timeout: float = 90) -> int:
+        """The pid of ``rank`` once it is generating (read from its log)."""
+        log = self.out / f"rank{rank}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = log.read_text() if log.exists() else ""
+            if "generating" in text:
+                return int(text.split(" pid ", 1)[1].split(",", 1)[0])
+            assert self.proc.poll() is None, f"the launcher ended early: {self.proc.stdout.read()}"
+            time.sleep(0.1)
+        raise AssertionError(f"rank {rank} did not start generating within {timeout} s")
+
+    def report(self) -> dict:
+        return json.loads((self.out / "report.json").read_text())
+
+
+@pytest.mark.parametrize("backend_env", [{}, {"ENGINE_OPS_BACKEND": "torch"}], ids=["default-backend", "torch-backend"])
+def test_eight_ranks_agree_and_answer_the_whole_key(tmp_path, backend_env):
+    launch = Launch(tmp_path, "--world-size", "8", env=backend_env)
+    code = launch.wait(timeout=300)
+    wall = time.monotonic() - launch.started
+    assert code == 0, launch.output
+    assert wall < 120, f"8 ranks took {wall:.0f} s"
+    report = launch.report()
+    key = answer_key.default()
+    assert report["schema"] == 1 and report["exit_code"] == 0 and report["status"] == "passed"
+    assert report["world_size"] == 8 and report["backend"] == "gloo" and report["run_id"] == launch.run_id
+    assert [p["prompt"] for p in report["prompts"]] == key.prompts
+    for entry in report["prompts"]:
+        assert len(entry["sequences"]) == 1 and entry["sequences"][0]["ranks"] == list(range(8)), entry
+        assert entry["answer_ok"] is True, entry
+        assert all(t is not None and t > 0 for t in entry["ttft_s"])
+    assert report["answers"] == {"scored": len(key.prompts), "correct": len(key.prompts), "accuracy": 1.0}
+    assert report["consistent"] is True and report["tracebacks"] == [] and report["failure"] is None
+    ops = report["ops"]["ops"]
+    assert ops["moe.fused_experts"]["backend"] == "torch" and report["ops"]["fallbacks"] == []
+    for name, value in NVLS_OFF.items():
+        assert report["env"][name]["value"] == value
+    lines = [json.loads(line) for line in (tmp_path / "tokens.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 * len(key.prompts)
+    assert {(line["rank"], line["prompt_index"]) for line in lines} == {(r, i) for r in range(8) for i in range(len(key.prompts))}
+    for line in lines:
+        assert len(line["token_ids"]) == len(line["logprobs"]) == len(line["top2_margin"]) > 0
+        assert key.check(line["prompt"], line["text"])
+    assert all((tmp_path / f"rank{r}.log").read_text().count("generating 59 prompts") == 1 for r in range(8))
+    assert alive_with_run_id(launch.run_id) == []
+
+
+def test_a_killed_rank_ends_the_run_and_is_named(tmp_path):
+    launch = Launch(tmp_path, "--world-size", "4", *LONG_RUN)
+    victim = launch.rank_pid(1)
+    assert {launch.rank_pid(r) for r in range(4)} <= set(alive_with_run_id(launch.run_id))  # ranks carry the run id
+    time.sleep(0.5)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = launch.wait(timeout=60)
+    assert time.monotonic() - killed_at < 30
+    assert code == 1, launch.output
+    report = launch.report()
+    assert report["failure"]["rank"] == 1 and "SIGKILL" in report["failure"]["reason"]
+    assert report["ranks"][1]["exit_code"] == -signal.SIGKILL
+    assert all(r["stopped_by_launcher"] for r in report["ranks"] if r["rank"] != 1)
+    assert report["consistent"] is False and report["status"] == "failed"
+    assert alive_with_run_id(launch.run_id) == []
+
+
+def test_a_hung_rank_is_caught_by_the_watchdog(tmp_path):
+    launch = Launch(tmp_path, "--world-size", "4", "--hang-timeout", "3", *LONG_RUN)
+    victim = launch.rank_pid(2)
+    time.sleep(0.3)
+    os.kill(victim, signal.SIGSTOP)  # every other rank now waits for it in a collective
+    code = launch.wait(timeout=60)
+    assert code == 1, launch.output
+    report = launch.report()
+    assert report["reason"].startswith("hang:") and report["failure"]["rank"] in range(4)
+    assert report["ranks"][2]["state_at_end"] == "stopped"
+    assert alive_with_run_id(launch.run_id) == []
+
+
+def test_raising_ranks_are_reported_with_their_tracebacks(tmp_path):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["Q: fine?\nA: ", "x" * 300]))  # the second exceeds max_model_len (256)
+    launch = Launch(tmp_path / "out", "--world-size", "2", "--prompts", str(prompts))
+    code = launch.wait(timeout=120)
+    assert code == 1, launch.output
+    report = launch.report()
+    failure = report["failure"]
+    assert failure["rank"] in (0, 1)
+    assert failure["traceback"][0] == "Traceback (most recent call last):"
+    assert failure["traceback"][-1].startswith("ValueError: request 1: prompt of 301 tokens")
+    assert sorted({t["rank"] for t in report["tracebacks"]}) == [0, 1]
+    assert alive_with_run_id(launch.run_id) == []
+
+
+@pytest.mark.parametrize("how, expected", [("SIGTERM", 143), ("SIGINT", 130), ("timeout", 124)])
+def test_a_signal_or_timeout_leaves_nothing_running(tmp_path, how, expected):
+    if how == "timeout":
+        launch = Launch(tmp_path, "--world-size", "2", "--timeout", "2", *LONG_RUN)
+    else:
+        launch = Launch(tmp_path, "--world-size", "2", *LONG_RUN)
+        assert launch.rank_pid(1) in alive_with_run_id(launch.run_id)
+        launch.proc.send_signal(getattr(signal, how))
+    code = launch.wait(timeout=60)
+    assert code == expected, launch.output
+    report = launch.report()
+    assert report["exit_code"] == expected and report["failure"]["rank"] is None
+    assert (how in report["reason"]) if how != "timeout" else report["reason"].startswith("timed out")
+    assert alive_with_run_id(launch.run_id) == []
+
+
+def test_a_killed_launcher_takes_its_ranks_along(tmp_path):
+    launch = Launch(tmp_path, "--world-size", "2", *LONG_RUN)
+    ranks = [launch.rank_pid(0), launch.rank_pid(1)]
+    assert set(ranks) <= set(alive_with_run_id(launch.run_id))
+    launch.proc.kill()
+    launch.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while alive_with_run_id(launch.run_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive_with_run_id(launch.run_id) == [], f"ranks {ranks} outlived their launcher"
+
+
+def test_unusable_arguments_exit_2_before_starting_ranks(tmp_path):
+    launch = Launch(tmp_path, "--world-size", "2", "--prompts", str(tmp_path / "missing.json"))
+    assert launch.wait(timeout=60) == 2
+    assert "missing.json: cannot read the prompt file" in launch.output
+    assert not list(tmp_path.glob("rank*.log"))
