@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..cases import Case, randint, randn
+from ..cases import Case, randint, randn, uniform
 from ..registry import declare
+from .quant import FP8
 
 
 def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -40,7 +41,8 @@ def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
 
 
 def mla_decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, softmax_scale: float, kv_lora_rank: int) -> torch.Tensor:
+                         context_lens: torch.Tensor, softmax_scale: float, kv_lora_rank: int,
+                         kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA decode: one query per sequence against its paged latent cache.
 
     ``q`` [B, H, R + Dr] is the absorbed query (``q_nope @ W_UK`` of width ``R = kv_lora_rank``,
@@ -49,6 +51,8 @@ def mla_decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
     valid block index); ``context_lens`` [B] int32. Keys are whole cache rows, values their
     first ``R`` channels. Sequence ``b`` attends its first ``context_lens[b]`` slots; a
     context length of 0 (a padding row) gives zeros. Math in fp32; output [B, H, R] in q's dtype.
+    An FP8 cache (float8_e4m3fn, as ``kv.store`` writes it) comes with ``kv_scale``
+    [N, block_size] fp32: a cache row is its codes times its slot's scale.
 
     Fixed shapes and no host synchronization (capture-safe). Kernels split each sequence's
     keys into a fixed number of chunks (independent of the context lengths, so a graph stays
@@ -58,6 +62,8 @@ def mla_decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
     b, m = block_tables.shape
     block_size, width = kv_cache.shape[1], kv_cache.shape[2]
     kv = kv_cache[block_tables.long()].view(b, m * block_size, width).float()
+    if kv_scale is not None:
+        kv = kv * kv_scale[block_tables.long()].view(b, m * block_size, 1)
     scores = torch.einsum("bhw,bsw->bhs", q.float(), kv) * softmax_scale
     visible = torch.arange(m * block_size, device=q.device)[None, :] < context_lens.to(torch.int64)[:, None]
     probs = torch.softmax(scores.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
@@ -87,23 +93,27 @@ def _prefill_cases(quick: bool) -> list[Case]:
 
 
 def _decode_cases(quick: bool) -> list[Case]:
-    def make(batch, heads, rank, rope_dim, blocks, block_size, max_blocks, dtype):
+    def make(batch, heads, rank, rope_dim, blocks, block_size, max_blocks, dtype, fp8):
         def build(gen, device):
-            cache = randn(gen, (blocks, block_size, rank + rope_dim), dtype, device)
+            cache = randn(gen, (blocks, block_size, rank + rope_dim), torch.float32 if fp8 else dtype, device)
             tables = torch.stack([torch.randperm(blocks, generator=gen)[:max_blocks] for _ in range(batch)]).to(torch.int32)
             lens = randint(gen, (batch,), 1, max_blocks * block_size + 1, device, torch.int32)
             lens[-1] = 0  # a padding row
             q = randn(gen, (batch, heads, rank + rope_dim), dtype, device)
-            return (q, cache, tables.to(device), lens, (rank // 4 + rope_dim) ** -0.5, rank), {}
+            args = (q, cache.to(FP8) if fp8 else cache, tables.to(device), lens, (rank // 4 + rope_dim) ** -0.5, rank)
+            return args, ({"kv_scale": uniform(gen, (blocks, block_size), 0.01, 0.1, device)} if fp8 else {})
         return build
 
     if quick:
         configs = [(3, 2, 32, 16, 8, 4, 5), (5, 4, 64, 16, 12, 16, 3)]
     else:
         configs = [(1, 128, 512, 64, 4096, 64, 64), (64, 128, 512, 64, 8192, 64, 128), (128, 16, 512, 64, 8192, 64, 64)]
-    return [Case(f"b{b}-h{h}-{r}+{d}-blk{bs}x{m}-{str(dt)[6:]}", make(b, h, r, d, n, bs, m, dt), quick=quick)
-            for b, h, r, d, n, bs, m in configs for dt in (torch.float32, torch.bfloat16)]
+    kinds = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+    return [Case(f"b{b}-h{h}-{r}+{d}-blk{bs}x{m}-{str(dt)[6:]}{'-fp8cache' if f else ''}", make(b, h, r, d, n, bs, m, dt, f), quick=quick)
+            for b, h, r, d, n, bs, m in configs for dt, f in kinds]
 
 
 mla_prefill = declare("attn.mla_prefill", mla_prefill_reference, outputs=("o",), cases=_prefill_cases)
+mla_prefill.backend("triton", "kernels.triton.attn:mla_prefill")
 mla_decode = declare("attn.mla_decode", mla_decode_reference, outputs=("o",), cases=_decode_cases)
+mla_decode.backend("triton", "kernels.triton.attn:mla_decode")

@@ -6,6 +6,7 @@ import torch
 
 from ..cases import Case, randint, randn, uniform
 from ..registry import declare
+from ..tolerance import Tolerance
 from .act import swiglu_quant_reference, swiglu_reference
 from .gemm import fp8_block_reference
 from .quant import BLOCK, act_quant_reference, quantize_weight
@@ -69,9 +70,21 @@ def _cases(quick: bool) -> list[Case]:
     if quick:
         configs = [(7, 8, 2, 64, 32, False), (5, 4, 3, 128, 128, True)]
     else:
-        configs = [(1, 256, 8, 7168, 2048, True), (64, 256, 8, 7168, 2048, True), (512, 32, 8, 2048, 1024, False)]
+        # DeepSeek-V3's expert shapes and top-8, over 32 experts rather than 256: the inputs are
+        # drawn on the CPU, and 256 experts' weights would be 30 GB of fp32 draws per case.
+        configs = [(1, 32, 8, 7168, 2048, True), (64, 32, 8, 7168, 2048, True), (512, 32, 8, 2048, 1024, False)]
     return [Case(f"{t}x{e}-top{k}-{d}x{i}-{str(dt)[6:]}{'-fp8' if f else ''}", make(t, e, k, d, i, dt, f), quick=quick)
             for t, e, k, d, i, f in configs for dt in (torch.float32, torch.bfloat16)]
 
 
-fused_experts = declare("moe.fused_experts", fused_experts_reference, outputs=("y",), cases=_cases)
+# FP8 weights: the activations between the two GEMMs are requantized to FP8, so a difference in
+# the last bits of the first GEMM (fp32 reordering, or Hopper's ~14-bit FP8 accumulation, see
+# kernels/ops/gemm.py) that moves a value across an FP8 rounding boundary changes that code by a
+# whole step (1/16 to 1/8 of it). Simulated at DeepSeek-V3 shapes (D 7168, I 2048) with the
+# first GEMM perturbed by 2.2e-4 of its max: up to 1.2e-2 (fp32) and 1.6e-2 (bf16) of max|y|.
+# Hence rtol 3e-2 for both; the bf16/fp32-weight paths are tested tighter in tests/test_fused_kernels.py.
+_FP8_REQUANTIZATION = {torch.float32: Tolerance(atol=1e-6, rtol=3e-2), torch.bfloat16: Tolerance(atol=1e-5, rtol=3e-2)}
+
+fused_experts = declare("moe.fused_experts", fused_experts_reference, outputs=("y",), cases=_cases,
+                        tolerances=_FP8_REQUANTIZATION)
+fused_experts.backend("triton", "kernels.triton.experts:fused_experts")

@@ -3,6 +3,9 @@
 The cache of one layer is ``[num_blocks, block_size, kv_lora_rank + rope_dim]``: each slot holds
 the normalized latent ``c_kv`` followed by the rotated shared rope key (the FlashMLA layout).
 Slot ``s`` is row ``s % block_size`` of block ``s // block_size``.
+
+The cache is bf16 (the engine's default) or fp32, or float8_e4m3fn with one fp32 scale per slot
+(``scale`` [num_blocks, block_size]): a row is then quantized as one group of its whole width.
 """
 
 from __future__ import annotations
@@ -11,18 +14,41 @@ import torch
 
 from ..cases import Case, randn
 from ..registry import declare
+from .quant import FP8, act_quant_reference
 
 
-def store_reference(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def store_reference(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                    scale: torch.Tensor | None = None):
     """Write ``cat(latent[t], rope[t])`` into ``cache`` at slot ``slots[t]``, in place; returns ``cache``.
 
     ``latent`` [T, R] and ``rope`` [T, Dr] are cast to the cache's dtype; ``slots`` [T] int64.
     A negative slot marks a padding row (a captured batch padded to its graph size) and is
     skipped. Slots of valid rows are distinct. No host synchronization: the op is safe
     inside a CUDA graph.
+
+    FP8 cache: ``cache`` is float8_e4m3fn and ``scale`` [num_blocks, block_size] fp32. Each row
+    is quantized as ``quant.act_quant`` quantizes one group as wide as the row (``s = max(max|row|,
+    1e-4) / 448``, code ``fp8(row / s)``); the codes go to ``cache`` and ``s`` to ``scale`` at the
+    row's slot, both in place, and the op returns ``(cache, scale)``. Codes and scales are exact.
     """
-    flat = cache.view(-1, cache.shape[-1])
-    rows = torch.cat([latent, rope], dim=-1).to(cache.dtype)
+    if (cache.dtype == FP8) != (scale is not None):
+        raise ValueError(f"kv.store: a float8_e4m3fn cache needs a scale tensor and other caches none "
+                         f"(cache {cache.dtype}, scale {'given' if scale is not None else 'None'})")
+    rows = torch.cat([latent, rope], dim=-1)
+    if scale is None:
+        _write_rows(cache.view(-1, cache.shape[-1]), rows.to(cache.dtype), slots)
+        return cache
+    if tuple(scale.shape) != tuple(cache.shape[:2]) or scale.dtype != torch.float32:
+        raise ValueError(f"kv.store: scale must be float32 of shape {list(cache.shape[:2])}, "
+                         f"got {scale.dtype} {list(scale.shape)}")
+    codes, row_scale = act_quant_reference(rows, rows.shape[-1])
+    _write_rows(cache.view(torch.uint8).view(-1, cache.shape[-1]), codes.view(torch.uint8), slots)
+    _write_rows(scale.view(-1, 1), row_scale, slots)
+    return cache, scale
+
+
+def _write_rows(flat: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    """``flat[slots[t]] = rows[t]`` for every ``slots[t] >= 0``, with fixed shapes and no host sync."""
     valid = slots >= 0
     # Skip padding rows without a data-dependent shape: they rewrite the first valid row's
     # (slot, value) pair, which is idempotent. With no valid row at all, they rewrite slot 0
@@ -34,22 +60,28 @@ def store_reference(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tenso
     fill_row = torch.where(any_valid, rows.index_select(0, first), flat[:1])
     target = torch.where(valid, slots, fill_slot)
     flat.index_copy_(0, target, torch.where(valid.unsqueeze(-1), rows, fill_row))
-    return cache
 
 
 def _cases(quick: bool) -> list[Case]:
-    def make(tokens, blocks, block_size, rank, rope_dim, dtype, pad):
+    def make(tokens, blocks, block_size, rank, rope_dim, dtype, pad, fp8):
         def build(gen, device):
-            cache = randn(gen, (blocks, block_size, rank + rope_dim), dtype, device)
             order = torch.randperm(blocks * block_size, generator=gen)[:tokens]
             if pad:
                 order[-pad:] = -1
-            return (randn(gen, (tokens, rank), dtype, device), randn(gen, (tokens, rope_dim), dtype, device), cache, order.to(device)), {}
+            latent, rope = randn(gen, (tokens, rank), dtype, device), randn(gen, (tokens, rope_dim), dtype, device, 4.0)
+            if not fp8:
+                return (latent, rope, randn(gen, (blocks, block_size, rank + rope_dim), dtype, device), order.to(device)), {}
+            cache = randn(gen, (blocks, block_size, rank + rope_dim), torch.float32, device).to(FP8)
+            scale = randn(gen, (blocks, block_size), torch.float32, device).abs()
+            return (latent, rope, cache, order.to(device)), {"scale": scale}
         return build
 
     shapes = [(7, 4, 16, 32, 16, 0), (9, 3, 8, 64, 16, 3)] if quick else [(1, 64, 64, 512, 64, 0), (4096, 4096, 64, 512, 64, 0), (256, 512, 64, 512, 64, 56)]
-    return [Case(f"{t}tok-{b}x{bs}-{r}+{d}-{str(dt)[6:]}{f'-pad{p}' if p else ''}", make(t, b, bs, r, d, dt, p), quick=quick)
-            for t, b, bs, r, d, p in shapes for dt in (torch.float32, torch.bfloat16)]
+    kinds = [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+    return [Case(f"{t}tok-{b}x{bs}-{r}+{d}-{str(dt)[6:]}{'-fp8cache' if f else ''}{f'-pad{p}' if p else ''}",
+                 make(t, b, bs, r, d, dt, p, f), quick=quick)
+            for t, b, bs, r, d, p in shapes for dt, f in kinds]
 
 
-store = declare("kv.store", store_reference, outputs=("cache",), exact=("cache",), cases=_cases)
+store = declare("kv.store", store_reference, outputs=("cache", "scale"), exact=("cache", "scale"), cases=_cases)
+store.backend("triton", "kernels.triton.kv:store")

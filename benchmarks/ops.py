@@ -1,0 +1,117 @@
+"""Memory-bound ops against the device's copy bandwidth: rmsnorm, rope, act_quant, swiglu,
+kv.store and mla_decode at long context, each at a size that fills the chip, beside its torch
+reference (the peer). ``python -m benchmarks.ops [--out FILE] [--no-write]``.
+
+Bytes counted are what the op must move: every input read once and every output written once
+(small tables such as positions, block tables and norm weights included, L2-resident reuse not).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import torch
+
+from kernels import registry
+from kernels.ops.quant import FP8
+from kernels.ops.rope import cos_sin_cache
+
+from . import harness
+from .harness import Row
+
+TOKENS = 16384
+HIDDEN = 7168
+
+
+def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
+    """``(op, label, shape, make_inputs, bytes moved, flops)``; flops > 0 marks a compute-bound case."""
+    dev, bf16 = "cuda", torch.bfloat16
+    n = TOKENS * HIDDEN
+
+    def rmsnorm(residual: bool):
+        def make():
+            x = torch.randn(TOKENS, HIDDEN, device=dev, dtype=bf16)
+            w = torch.rand(HIDDEN, device=dev, dtype=bf16) + 0.5
+            return (x, w), ({"residual": torch.randn_like(x)} if residual else {})
+        return make
+
+    def rope():
+        x = torch.randn(TOKENS, 128, 64, device=dev, dtype=bf16)
+        return (x, torch.randint(0, 8192, (TOKENS,), device=dev), cos_sin_cache(64, 8192, 10000.0, device=dev)), {}
+
+    def act_quant():
+        return (torch.randn(TOKENS, HIDDEN, device=dev, dtype=bf16),), {}
+
+    def swiglu():
+        return (torch.randn(TOKENS, 2 * 4096, device=dev, dtype=bf16),), {}
+
+    def store(fp8: bool, tokens: int = 65536, page: int = 16):
+        def make():
+            cache = torch.zeros(tokens // page, page, 576, device=dev, dtype=FP8 if fp8 else bf16)
+            slots = torch.randperm(tokens, device=dev)
+            args = (torch.randn(tokens, 512, device=dev, dtype=bf16), torch.randn(tokens, 64, device=dev, dtype=bf16), cache, slots)
+            return args, ({"scale": torch.zeros(tokens // page, page, device=dev)} if fp8 else {})
+        return make
+
+    def decode(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16):
+        def make():
+            width = context // page
+            cache = torch.randn(batch * width, page, 576, device=dev).to(FP8 if fp8 else bf16)
+            tables = torch.randperm(batch * width, device=dev, dtype=torch.int32).view(batch, width)
+            lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
+            q = torch.randn(batch, heads, 576, device=dev, dtype=bf16)
+            kwargs = {"kv_scale": torch.rand(batch * width, page, device=dev)} if fp8 else {}
+            return (q, cache, tables, lens, 192 ** -0.5, 512), kwargs
+        return make
+
+    def decode_bytes(batch, heads, context, row_bytes):
+        return batch * context * row_bytes + batch * heads * (576 + 512) * 2 + batch * context // 16 * 4
+
+    store_rows = 65536 * 576
+    return [
+        ("norm.rmsnorm", "rmsnorm", f"{TOKENS}x{HIDDEN} bf16", rmsnorm(False), 2 * n * 2, 0.0),
+        ("norm.rmsnorm", "rmsnorm+residual", f"{TOKENS}x{HIDDEN} bf16", rmsnorm(True), 4 * n * 2, 0.0),
+        ("rope.apply", "rope", f"{TOKENS}x128x64 bf16", rope, 2 * TOKENS * 128 * 64 * 2 + TOKENS * (8 + 64 * 4), 0.0),
+        ("quant.act_quant", "act_quant", f"{TOKENS}x{HIDDEN} bf16", act_quant, n * 2 + n + n // 128 * 4, 0.0),
+        ("act.swiglu", "swiglu", f"{TOKENS}x{2 * 4096} bf16", swiglu, TOKENS * 4096 * (4 + 2), 0.0),
+        ("kv.store", "kv.store", "65536 tok, 512+64 bf16", store(False), store_rows * 4 + 65536 * 8, 0.0),
+        ("kv.store", "kv.store fp8", "65536 tok, 512+64 -> fp8", store(True), store_rows * 3 + 65536 * 12, 0.0),
+        ("attn.mla_decode", "mla_decode", "b32 h16 ctx8192 page16 bf16", decode(32, 16, 8192), decode_bytes(32, 16, 8192, 1152), 0.0),
+        ("attn.mla_decode", "mla_decode fp8 cache", "b32 h16 ctx8192 page16", decode(32, 16, 8192, True), decode_bytes(32, 16, 8192, 580), 0.0),
+        ("attn.mla_decode", "mla_decode", "b32 h128 ctx4096 page16 bf16", decode(32, 128, 4096), decode_bytes(32, 128, 4096, 1152),
+         2.0 * 32 * 128 * 4096 * (576 + 512)),
+    ]
+
+
+def measure(args) -> list[Row]:
+    copy = harness.copy_bandwidth()
+    rows = []
+    for op_name, label, shape, make, nbytes, flops in _cases():
+        op = registry.get(op_name)
+        impl = op.load("triton")
+        call_args, kwargs = make()
+        ms = harness.median_ms(lambda: impl(*call_args, **kwargs))
+        peer_ms = harness.median_ms(lambda: op.reference(*call_args, **kwargs))
+        if flops:
+            gemm = harness.bf16_gemm_flops()
+            throughput = f"{harness.tflop_s(flops, ms):.0f} TFLOP/s"
+            ceiling = harness.percent(flops / (ms * 1e-3), gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s")
+            notes = f"compute-bound (MQA over 128 heads); {harness.tb_s(nbytes, ms):.2f} TB/s"
+        else:
+            throughput = f"{harness.tb_s(nbytes, ms):.2f} TB/s"
+            ceiling = harness.percent(nbytes / (ms * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s")
+            notes = ""
+        rows.append(Row(label, shape, f"{ms:.3f} ms", throughput, ceiling, harness.speedup(ms, peer_ms, "torch reference"), notes))
+        del call_args, kwargs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = harness.parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    return harness.run("memory-bound ops", measure, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Engine prefill: time to first token and prompt tokens/s at 1k and 8k prompt tokens, on the
+engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--model-dir DIR] [--out FILE] [--no-write]``.
+
+One request at a time, a fresh random prompt each run (so the prefix cache never hits); the
+time to first token is the wall time of ``generate`` with one new token (prefill, logits,
+sampling), median of three runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
+with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import harness, model
+from .harness import Row
+
+LENGTHS, RUNS = (1024, 8192), 3
+
+
+def time_to_first_token(llm, length: int, seed: int) -> float:
+    from engine import SamplingParams
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(2, model.CONFIG["vocab_size"], (length,), generator=gen).tolist()
+    start = time.perf_counter()
+    llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+    return time.perf_counter() - start
+
+
+def measure(args) -> list[Row]:
+    from engine import LLM
+
+    ckpt = model.checkpoint(args.model_dir)
+    gemm = harness.bf16_gemm_flops()
+    longest = max(LENGTHS)
+    llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=longest + 64,
+              max_num_batched_tokens=longest + 64)
+    rows = []
+    for length in LENGTHS:
+        time_to_first_token(llm, length, seed=length)  # compile and tune this prefill's shapes
+        ttft = statistics.median(time_to_first_token(llm, length, seed=length + run + 1) for run in range(RUNS))
+        flops = model.prefill_flops(model.CONFIG, length)
+        rows.append(Row("engine prefill", f"b1 prompt{length}", f"{ttft * 1e3:.1f} ms to first token",
+                        f"{length / ttft:.0f} tok/s", harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
+                        "-", f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
+    return harness.run("engine prefill", measure, p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

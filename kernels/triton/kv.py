@@ -1,0 +1,89 @@
+"""Triton ``kv.store``: several tokens per program, each row read once and written once.
+
+A row's latent and rope parts are loaded as two tiles (each padded to a power of two), so a
+576-wide DeepSeek-V3 row moves as 512 + 64 elements with no idle lanes. Padding rows (negative
+slots) are masked out of every store: nothing is written for them. With an FP8 cache the row's
+amax, scale and codes are computed in registers, with the reference's IEEE division and
+round-to-nearest-even, so codes and scales are bitwise equal to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
+from .common import compiled_for_gpu, fp8e4m3_bits, round_to_dtype, rows_per_program
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
+
+
+@triton.jit
+def _fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
+    """uint8 codes of fp32 tile ``x`` [rows, n] divided by its row's ``scale`` [rows]."""
+    q = tl.math.div_rn(x, scale[:, None])
+    return fp8e4m3_bits(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), HARDWARE_CAST)
+
+
+@triton.jit
+def _store_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_latent, stride_rope,
+                  RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  ROWS: tl.constexpr, FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    in_range = rows < n_rows
+    slots = tl.load(slots_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+    write = in_range & (slots >= 0)
+    r = tl.arange(0, BLOCK_R)
+    d = tl.arange(0, BLOCK_D)
+    r_mask = write[:, None] & (r < RANK)[None, :]
+    d_mask = write[:, None] & (d < ROPE)[None, :]
+    latent = tl.load(latent_ptr + rows[:, None] * stride_latent + r[None, :], mask=r_mask, other=0.0).to(tl.float32)
+    rope = tl.load(rope_ptr + rows[:, None] * stride_rope + d[None, :], mask=d_mask, other=0.0).to(tl.float32)
+    dst = cache_ptr + slots[:, None] * (RANK + ROPE)
+    if FP8_CACHE:
+        # One group per row, spread over the two tiles; masked lanes hold 0 and never raise it.
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(latent), axis=1), tl.max(tl.abs(rope), axis=1)), _AMAX_FLOOR)
+        scale = tl.math.div_rn(amax, _FP8_MAX)
+        tl.store(dst + r[None, :], _fp8_codes(latent, scale, HARDWARE_CAST), mask=r_mask)
+        tl.store(dst + RANK + d[None, :], _fp8_codes(rope, scale, HARDWARE_CAST), mask=d_mask)
+        tl.store(scale_ptr + slots, scale, mask=write)
+    else:
+        ty = cache_ptr.dtype.element_ty
+        tl.store(dst + r[None, :], round_to_dtype(latent, ty).to(ty), mask=r_mask)
+        tl.store(dst + RANK + d[None, :], round_to_dtype(rope, ty).to(ty), mask=d_mask)
+
+
+def store(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+          scale: torch.Tensor | None = None):
+    """Same contract as :func:`kernels.ops.kv.store_reference`."""
+    fp8 = cache.dtype == FP8
+    _validate(latent, rope, cache, slots, scale, fp8)
+    n_rows, rank, rope_dim = latent.shape[0], latent.shape[1], rope.shape[1]
+    if n_rows:
+        block_r, block_d = triton.next_power_of_2(rank), triton.next_power_of_2(rope_dim)
+        rows = rows_per_program(n_rows, block_r + block_d)
+        _store_kernel[(triton.cdiv(n_rows, rows),)](
+            latent, rope, slots, cache.view(torch.uint8) if fp8 else cache, scale if fp8 else cache,
+            n_rows, latent.stride(0), rope.stride(0), RANK=rank, ROPE=rope_dim, BLOCK_R=block_r,
+            BLOCK_D=block_d, ROWS=rows, FP8_CACHE=fp8, HARDWARE_CAST=compiled_for_gpu(), num_warps=4,
+        )
+    return (cache, scale) if fp8 else cache
+
+
+def _validate(latent, rope, cache, slots, scale, fp8: bool) -> None:
+    if fp8 != (scale is not None):
+        raise ValueError(f"kv.store: a float8_e4m3fn cache needs a scale tensor and other caches none "
+                         f"(cache {cache.dtype}, scale {'given' if scale is not None else 'None'})")
+    if latent.dim() != 2 or rope.dim() != 2 or rope.shape[0] != latent.shape[0] or slots.shape != (latent.shape[0],):
+        raise ValueError(f"kv.store: need latent [T, R], rope [T, Dr] and slots [T], got {tuple(latent.shape)}, "
+                         f"{tuple(rope.shape)} and {tuple(slots.shape)}")
+    if latent.stride(1) != 1 or rope.stride(1) != 1:
+        raise ValueError("kv.store: latent and rope rows must be contiguous (last stride 1)")
+    if cache.dim() != 3 or cache.shape[2] != latent.shape[1] + rope.shape[1] or not cache.is_contiguous():
+        raise ValueError(f"kv.store: cache must be a contiguous [num_blocks, block_size, {latent.shape[1] + rope.shape[1]}] "
+                         f"tensor, got {tuple(cache.shape)}")
+    if fp8 and (tuple(scale.shape) != tuple(cache.shape[:2]) or scale.dtype != torch.float32 or not scale.is_contiguous()):
+        raise ValueError(f"kv.store: scale must be contiguous float32 of shape {list(cache.shape[:2])}, "
+                         f"got {scale.dtype} {list(scale.shape)}")

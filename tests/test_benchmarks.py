@@ -1,0 +1,67 @@
+"""The benchmark suite's parts that run without a GPU: the no-GPU exit, the performance table,
+and the byte and FLOP accounting behind the engine's memory floor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import harness, model, suite
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_bench_without_a_gpu_says_so_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "performance.md"
+    assert suite.main(["--out", str(out)]) == 0
+    assert not out.exists()
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_unknown_family_is_refused(capsys):
+    assert suite.main(["--only", "ops,warp_drive"]) == 2
+    assert "warp_drive" in capsys.readouterr().err
+
+
+def test_rows_are_appended_under_one_header(tmp_path, monkeypatch):
+    env = {"date": "2026-01-02 03:04", "device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0"}
+    monkeypatch.setattr(harness, "environment", lambda: env)
+    out = tmp_path / "docs" / "performance.md"
+    harness.append_rows([harness.Row("rmsnorm", "16384x7168 bf16", "0.117 ms", "4.01 TB/s", "95% of copy", "3.10x torch")], out)
+    harness.append_rows([harness.Row("swiglu", "16384x8192 bf16", "0.120 ms", "4.19 TB/s")], out)
+    text = out.read_text()
+    assert text.startswith(harness.HEADER) and text.count("| date | device |") == 1
+    rows = text[len(harness.HEADER):].splitlines()
+    assert rows == ["| 2026-01-02 03:04 | NVIDIA H200 | 2.11.0 | 3.6.0 | rmsnorm | 16384x7168 bf16 | 0.117 ms | 4.01 TB/s "
+                    "| 95% of copy | 3.10x torch |  |",
+                    "| 2026-01-02 03:04 | NVIDIA H200 | 2.11.0 | 3.6.0 | swiglu | 16384x8192 bf16 | 0.120 ms | 4.19 TB/s | - | - |  |"]
+    assert all(row.count("|") == len(harness.COLUMNS) + 1 for row in rows)
+
+
+def test_weight_accounting_matches_the_transformers_model():
+    """parameter_bytes (1 byte per weight) against the parameters of the benchmark's model, built
+    on the meta device: every matmul weight, the router counted at 4 bytes."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    with torch.device("meta"):
+        hf = DeepseekV3ForCausalLM(DeepseekV3Config(**model.CONFIG))
+    counts = {"routed": 0, "router": 0, "other": 0}
+    for name, p in hf.named_parameters():
+        if "norm" in name or "embed_tokens" in name:
+            continue
+        kind = "router" if name.endswith("mlp.gate.weight") else "routed" if ".mlp.experts." in name else "other"
+        counts[kind] += p.numel()
+    acc = model.parameter_bytes(model.CONFIG, dtype_bytes=1)
+    moe_layers, experts = acc["moe_layers"], model.CONFIG["n_routed_experts"]
+    assert counts["routed"] == moe_layers * experts * acc["per_expert"]
+    assert acc["always"] == counts["other"] + 4 * counts["router"]
+    assert sum(counts.values()) + hf.model.embed_tokens.weight.numel() == pytest.approx(4.6e9, rel=0.02)
+
+
+def test_decode_floor_grows_with_experts_hit_and_context():
+    cfg = model.CONFIG
+    p = model.parameter_bytes(cfg)
+    one = model.decode_step_bytes(cfg, 1, 0)
+    assert one == p["always"] + p["moe_layers"] * cfg["num_experts_per_tok"] * p["per_expert"]
+    assert model.expected_experts_hit(64, 6, 32) == pytest.approx(64 * (1 - (58 / 64) ** 32))
+    kv_row = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2 * cfg["num_hidden_layers"]
+    assert model.decode_step_bytes(cfg, 1, 100) - one == pytest.approx(100 * kv_row)

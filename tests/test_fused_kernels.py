@@ -1,0 +1,287 @@
+"""The fused Triton kernels (``moe.fused_experts``, ``attn.mla_prefill``, ``attn.mla_decode``,
+``kv.store``) on the paths their quick A/B cases do not reach: expert id -1, several row blocks
+per expert, the routing layout itself, cached prefixes and multi-block causal masks, split-K
+decode (determinism, context length 0, block-table contents past a sequence), the FP8 cache
+from store to decode, and the engine running on them. Without a GPU the kernels run under
+TRITON_INTERPRET=1 on CPU tensors; tests marked ``gpu`` check CUDA-graph capture and the
+DeepSeek-V3-shaped A/B cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cases import generator
+from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
+from kernels.ops.experts import fused_experts_reference
+from kernels.ops.kv import store_reference
+from kernels.ops.quant import FP8, quantize_weight
+
+triton = pytest.importorskip("triton")
+from kernels.triton import attn, experts, kv  # noqa: E402 - needs Triton
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``max|out - ref| / max|ref|`` (the project's tolerance measure)."""
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def randn(gen, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+# ----------------------------------------------------------------------------- moe.fused_experts
+
+
+def moe_inputs(seed, tokens, n_experts, top_k, dim, inter, dtype, fp8=False):
+    gen = generator(seed)
+    x = randn(gen, tokens, dim, dtype=dtype)
+    ids = torch.stack([torch.randperm(n_experts, generator=gen)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    weights = (torch.rand(tokens, top_k, generator=gen) * 0.9 + 0.1).to(DEVICE)
+    w13 = randn(gen, n_experts, 2 * inter, dim, scale=dim ** -0.5)
+    w2 = randn(gen, n_experts, dim, inter, scale=inter ** -0.5)
+    if not fp8:
+        return [x, ids, weights, w13.to(dtype), w2.to(dtype)]
+    q13, s13 = zip(*(quantize_weight(w) for w in w13))
+    q2, s2 = zip(*(quantize_weight(w) for w in w2))
+    return [x, ids, weights, torch.stack(q13), torch.stack(q2), torch.stack(s13), torch.stack(s2)]
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 2e-5), (torch.bfloat16, 1e-2)])
+def test_fused_experts_skips_id_minus_one_and_spans_several_blocks_per_expert(dtype, rtol):
+    # 40 tokens x top-2 over 4 experts: about 20 pairs per expert, so 16-row blocks repeat per expert.
+    args = moe_inputs(1, 40, 4, 2, 64, 48, dtype)
+    ids = args[1]
+    ids[::3, 0] = -1          # one expert elsewhere
+    ids[5] = -1               # a token with no local expert at all
+    out = experts.fused_experts(*args)
+    ref = fused_experts_reference(*args)
+    assert rel_err(out, ref) <= rtol
+    assert torch.count_nonzero(out[5]) == 0
+
+
+def test_fused_experts_with_every_expert_elsewhere_is_zero():
+    args = moe_inputs(2, 6, 4, 2, 32, 16, torch.float32)
+    args[1] = torch.full_like(args[1], -1)
+    out = experts.fused_experts(*args)
+    assert out.shape == args[0].shape and torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_fused_experts_fp8_weights_match_the_composed_ops(scale_fmt):
+    args = moe_inputs(3, 9, 3, 2, 256, 128, torch.bfloat16, fp8=True)
+    args[1][0, 1] = -1
+    out = experts.fused_experts(*args, scale_fmt=scale_fmt)
+    ref = fused_experts_reference(*args, scale_fmt=scale_fmt)
+    assert rel_err(out, ref) <= 3e-2  # the op's FP8 tolerance: requantized activations (kernels/ops/experts.py)
+
+
+def test_fused_experts_is_deterministic_and_config_independent():
+    args = moe_inputs(4, 23, 5, 3, 64, 32, torch.float32)
+    first = experts.fused_experts(*args)
+    assert torch.equal(first, experts.fused_experts(*args))
+    for config in (experts.Config(32, 16, 16, 4, 4, 1), experts.Config(16, 32, 64, 4, 4, 1)):
+        other = experts.launch(*args, None, None, None, config)
+        assert rel_err(other, first) <= 2e-6, config
+
+
+def test_routing_layout_groups_pairs_by_expert_in_pair_order():
+    """The align kernel alone: each expert's pairs, in pair order, from a padded start."""
+    gen = generator(5)
+    n_experts, block_m, pairs = 6, 4, 37
+    ids = torch.randint(-1, n_experts, (pairs,), generator=gen, dtype=torch.int64).to(DEVICE)
+    n_blocks = experts.max_blocks(pairs, n_experts, block_m)
+    sorted_pairs = torch.full((n_blocks * block_m,), -7, dtype=torch.int32, device=DEVICE)
+    starts = torch.empty(n_experts + 1, dtype=torch.int32, device=DEVICE)
+    counts = torch.empty(n_experts, dtype=torch.int32, device=DEVICE)
+    experts._align_kernel[(n_experts,)](ids, sorted_pairs, starts, counts, pairs, n_experts, BLOCK_M=block_m,
+                                        BINS=8, CHUNK=16, COMPILED=DEVICE.type == "cuda")
+    ids, sorted_pairs, starts, counts = ids.cpu(), sorted_pairs.cpu(), starts.cpu(), counts.cpu()
+    expected_start = 0
+    for e in range(n_experts):
+        mine = torch.nonzero(ids == e).flatten().to(torch.int32)
+        assert counts[e] == len(mine) and starts[e] == expected_start
+        assert torch.equal(sorted_pairs[expected_start : expected_start + len(mine)], mine)
+        expected_start += -(-len(mine) // block_m) * block_m
+    assert starts[n_experts] == expected_start <= n_blocks * block_m
+
+
+def test_fused_experts_rejects_mismatched_scales():
+    args = moe_inputs(6, 2, 2, 1, 128, 128, torch.bfloat16, fp8=True)
+    args[6] = args[6][:, :, :0]
+    with pytest.raises(ValueError, match="w2_scale"):
+        experts.fused_experts(*args)
+
+
+# ----------------------------------------------------------------------------- attn.mla_prefill
+
+
+@pytest.mark.parametrize("dqk, dv", [(40, 24), (32, 32)])
+def test_prefill_with_cached_prefixes_and_multi_block_causal_masks(dqk, dv):
+    # Interpreter tiles are 16 x 16: 37 queries span three query blocks; the key offsets of the
+    # cached prefixes (13, 22, 0, 5) put the causal diagonal at every position within a tile.
+    # Head dims 40 (a 32 + 8 split) and 24 (not a power of two) exercise the masked channels,
+    # 32 the single-tile path.
+    gen = generator(7)
+    lens = [(37, 50), (1, 23), (20, 20), (0, 5)]
+    cu_q = torch.tensor([0] + [q for q, _ in lens]).cumsum(0).to(torch.int32).to(DEVICE)
+    cu_k = torch.tensor([0] + [k for _, k in lens]).cumsum(0).to(torch.int32).to(DEVICE)
+    for dtype, rtol in ((torch.float32, 2e-5), (torch.bfloat16, 1e-2)):
+        q = randn(gen, int(cu_q[-1]), 3, dqk, dtype=dtype)
+        kv_rows = randn(gen, int(cu_k[-1]), 3, dqk + dv, dtype=dtype)
+        k, v = kv_rows[..., :dqk], kv_rows[..., dqk:]  # strided views, as a split of one projection
+        out = attn.mla_prefill(q, k, v, cu_q, cu_k, 0.3)
+        assert rel_err(out, mla_prefill_reference(q, k, v, cu_q, cu_k, 0.3)) <= rtol
+
+
+def test_prefill_rejects_more_queries_than_keys():
+    q = torch.randn(4, 1, 16, device=DEVICE)
+    cu_q, cu_k = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE), torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="more queries than keys"):
+        attn.mla_prefill(q, q[:3], q[:3], cu_q, cu_k, 1.0)
+
+
+# ----------------------------------------------------------------------------- attn.mla_decode
+
+
+def decode_inputs(seed, batch, heads, rank, rope, blocks, page, width, dtype=torch.float32):
+    gen = generator(seed)
+    cache = randn(gen, blocks, page, rank + rope, dtype=dtype)
+    tables = torch.stack([torch.randperm(blocks, generator=gen)[:width] for _ in range(batch)]).to(torch.int32).to(DEVICE)
+    lens = torch.randint(1, width * page + 1, (batch,), generator=gen, dtype=torch.int32).to(DEVICE)
+    q = randn(gen, batch, heads, rank + rope, dtype=dtype)
+    return [q, cache, tables, lens, (rank + rope) ** -0.5, rank]
+
+
+def test_split_k_decode_is_deterministic_and_matches_every_split_count():
+    args = decode_inputs(8, 3, 4, 32, 16, 40, 8, 12)
+    args[3][0] = 96  # the whole table: every split non-empty
+    ref = mla_decode_reference(*args)
+    one = attn.mla_decode_splits(*args, None, 1)
+    for splits in (2, 3, 5):
+        out = attn.mla_decode_splits(*args, None, splits)
+        assert torch.equal(out, attn.mla_decode_splits(*args, None, splits)), f"{splits} splits differ between runs"
+        assert rel_err(out, ref) <= 2e-5 and rel_err(out, one) <= 2e-5
+    assert torch.equal(attn.mla_decode(*args), attn.mla_decode(*args))
+
+
+def test_decode_zero_context_and_table_entries_past_the_context():
+    args = decode_inputs(9, 4, 2, 32, 16, 30, 4, 8)
+    args[3][1] = 0
+    args[3][2] = 9  # 3 of its 8 blocks
+    out = attn.mla_decode_splits(*args, None, 3)
+    assert torch.count_nonzero(out[1]) == 0
+    assert rel_err(out, mla_decode_reference(*args)) <= 2e-5
+    args[2][2, 3:] = torch.flip(args[2][2, 3:], [0])  # other blocks past the context: no effect
+    args[2][1] = 0
+    assert torch.equal(attn.mla_decode_splits(*args, None, 3), out)
+
+
+def test_decode_split_count_depends_on_shapes_only():
+    assert attn.decode_splits(1, 16, 4096, 132) == 16
+    assert attn.decode_splits(64, 128, 4096, 132) == 1
+    assert attn.decode_splits(1, 16, 100, 132) == 1
+    assert all(1 <= attn.decode_splits(b, 16, 8192, 132) <= 64 for b in (1, 2, 32, 256))
+
+
+# ----------------------------------------------------------------------------- kv.store and the FP8 cache
+
+
+def test_fp8_cache_from_store_to_decode():
+    gen = generator(10)
+    blocks, page, rank, rope, batch = 10, 8, 32, 16, 3
+    cache = randn(gen, blocks, page, rank + rope).to(FP8)
+    scale = torch.rand(blocks, page, generator=gen).to(DEVICE)
+    ref_cache, ref_scale = cache.clone(), scale.clone()
+    slots = torch.randperm(blocks * page, generator=gen)[:50].to(DEVICE)
+    slots[[4, 17]] = -1
+    latent, k_rope = randn(gen, 50, rank, dtype=torch.bfloat16), randn(gen, 50, rope, dtype=torch.bfloat16, scale=5.0)
+    kv.store(latent, k_rope, cache, slots, scale)
+    store_reference(latent, k_rope, ref_cache, slots, ref_scale)
+    assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8)) and torch.equal(scale, ref_scale)
+
+    args = decode_inputs(11, batch, 4, rank, rope, blocks, page, 6, dtype=torch.bfloat16)
+    args[1] = cache
+    out = attn.mla_decode_splits(*args, scale, 2)
+    assert rel_err(out, mla_decode_reference(*args, kv_scale=scale)) <= 1e-2
+    dequantized = (cache.float() * scale[..., None]).to(torch.bfloat16)
+    assert rel_err(out, mla_decode_reference(*args[:1], dequantized, *args[2:])) <= 2e-2
+
+
+def test_store_accepts_strided_rows_and_rejects_a_missing_scale():
+    gen = generator(12)
+    cache = randn(gen, 3, 4, 24, dtype=torch.bfloat16)
+    ref = cache.clone()
+    rows = randn(gen, 5, 30, dtype=torch.bfloat16)
+    slots = torch.tensor([3, 0, -1, 11, 6], device=DEVICE)
+    kv.store(rows[:, :16], rows[:, 22:], cache, slots)
+    store_reference(rows[:, :16], rows[:, 22:], ref, slots)
+    assert torch.equal(cache, ref)
+    with pytest.raises(ValueError, match="needs a scale tensor"):
+        kv.store(rows[:, :16], rows[:, 22:], cache.to(FP8), slots)
+
+
+# ----------------------------------------------------------------------------- the engine on these kernels
+
+
+def test_engine_on_triton_kernels_matches_the_torch_backend(tmp_path, monkeypatch):
+    from engine import LLM, SamplingParams
+    from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config
+    from kernels import registry
+
+    ckpt = save_checkpoint(random_model(tiny_config(), seed=3), tmp_path / "ckpt")
+    prompts, params = [[256, 5, 7, 9, 11], [256, 1, 2]], SamplingParams(max_tokens=4, ignore_eos=True)
+    runs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("ENGINE_OPS_BACKEND", backend)
+        registry.reset()
+        runs[backend] = run_steps(LLM(ckpt, dtype="float32", block_size=4, device=DEVICE.type), prompts, params)
+    registry.reset()
+    (seqs, logits), (ref_seqs, ref_logits) = runs["triton"], runs["torch"]
+    assert [s.completion_token_ids for s in seqs] == [s.completion_token_ids for s in ref_seqs]
+    for sid, rows in logits.items():
+        assert rel_err(torch.stack(rows), torch.stack(ref_logits[sid])) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- GPU: CUDA-graph capture
+
+
+@pytest.mark.gpu
+def test_decode_ops_replay_in_a_cuda_graph_with_new_routing_and_contexts():
+    """Capture kv.store, mla_decode and fused_experts once, then replay with new inputs copied in."""
+    moe = moe_inputs(13, 32, 64, 6, 2048, 704, torch.bfloat16)
+    dec = decode_inputs(14, 32, 16, 512, 64, 600, 16, 32, dtype=torch.bfloat16)
+    gen = generator(15)
+    latent, k_rope = randn(gen, 32, 512, dtype=torch.bfloat16), randn(gen, 32, 64, dtype=torch.bfloat16)
+    slots = torch.arange(32, device=DEVICE) * 16
+
+    def step():
+        kv.store(latent, k_rope, dec[1], slots)
+        return attn.mla_decode(*dec), experts.fused_experts(*moe)
+
+    step()  # compile and tune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, y_graph = step()
+    moe[1].copy_(torch.stack([torch.randperm(64, generator=gen)[:6] for _ in range(32)]))
+    moe[2].copy_(torch.rand(32, 6, generator=gen))
+    dec[3].copy_(torch.randint(1, 512, (32,), generator=gen, dtype=torch.int32))
+    dec[3][0] = 0
+    latent.copy_(torch.randn(32, 512, generator=gen))
+    graph.replay()
+    o_eager, y_eager = step()
+    assert torch.equal(o_graph, o_eager) and torch.equal(y_graph, y_eager)
+    assert torch.count_nonzero(o_graph[0]) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op_name", ["moe.fused_experts", "attn.mla_prefill", "attn.mla_decode", "kv.store"])
+def test_full_shapes_match_the_reference_on_the_gpu(op_name):
+    from kernels import ab, registry
+
+    results = ab.run_cases([registry.get(op_name)], "triton", quick=False, seed=ab.DEFAULT_SEED)
+    assert results and all(r.status == ab.PASSED for r in results), [(r.case, r.reason, [d.detail for d in r.outputs]) for r in results]
