@@ -26,13 +26,15 @@ def _exit(code: int) -> None:
         raise Exit(code=code)
 
 
-def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: float) -> None:
+def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: float,
+              world_size: int = 0) -> None:
     from bringup.cli import main
 
     argv = [command, "--image", image, "--matrix", matrix, "--artifacts", artifacts]
     argv += ["--force"] if force else []
     argv += ["--keep"] if keep else []
     argv += ["--timeout", str(timeout)] if timeout else []
+    argv += ["--world-size", str(world_size)] if world_size else []
     _exit(main(argv))
 
 
@@ -64,10 +66,20 @@ def verify(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=
     _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
 
 
-@task(name="all", help=STAGE_HELP)
-def all_stages(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
-    """env -> build -> verify -> ab (with its dump) for one image."""
-    _pipeline("all", image, matrix, artifacts, force, keep, timeout)
+E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)"}
+
+
+@task(help=E2E_HELP)
+def e2e(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0, world_size=0):
+    """e2e stage: N ranks generate the tiny checkpoint's answer key; report tokens per rank and answers."""
+    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size)
+
+
+@task(name="all", help=E2E_HELP)
+def all_stages(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0,
+               world_size=0):
+    """env -> build -> verify -> ab (with its dump) -> e2e for one image."""
+    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size)
 
 
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",
@@ -141,3 +153,13 @@ def ci_matrix(c, json=False, images="", matrix="matrix.yaml"):
     from bringup.ci import command
 
     _exit(command(matrix, images, json))
+
+
+@task(help={"only": "comma-separated families: ops, gemm, moe, engine_decode, prefill (default: all)",
+            "out": "table to append rows to (default: docs/performance.md)", "no_write": "print the rows only"})
+def bench(c, only="", out="", no_write=False):
+    """GPU benchmarks (python -m benchmarks), rows appended to docs/performance.md; without a GPU: says so, exits 0."""
+    from benchmarks.suite import main
+
+    argv = (["--only", only] if only else []) + (["--out", out] if out else []) + (["--no-write"] if no_write else [])
+    _exit(main(argv))

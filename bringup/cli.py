@@ -1,7 +1,7 @@
 """``python -m bringup``: the pipeline's command line (the invoke tasks call :func:`main`).
 
-    python -m bringup env|build|verify|ab|all [--image NAME] [--matrix PATH] [--artifacts DIR]
-                                              [--force] [--keep] [--timeout SECONDS]
+    python -m bringup env|build|verify|ab|e2e|all [--image NAME] [--matrix PATH] [--artifacts DIR]
+                                                  [--force] [--keep] [--timeout SECONDS] [--world-size N]
     python -m bringup image --name NAME [--matrix PATH] [--force]
 
 Exit status: 0 every stage passed or was cached; 1 a stage failed; 2 unusable configuration
@@ -18,7 +18,7 @@ from pathlib import Path
 from .errors import ConfigError
 from .paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
-STAGE_COMMANDS = ("env", "build", "verify", "ab", "all")
+STAGE_COMMANDS = ("env", "build", "verify", "ab", "e2e", "all")
 INTERRUPTED_EXIT = 130
 
 
@@ -36,13 +36,15 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bringup", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name in STAGE_COMMANDS:
-        s = sub.add_parser(name, help="env -> build -> verify -> ab" if name == "all" else f"the {name} stage")
+        s = sub.add_parser(name, help="env -> build -> verify -> ab -> e2e" if name == "all" else f"the {name} stage")
         s.add_argument("--image", default="local", help="matrix image (default: local)")
         s.add_argument("--matrix", default=DEFAULT_MATRIX, help="matrix file (default: matrix.yaml)")
         s.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="artifacts folder (default: artifacts)")
         s.add_argument("--force", action="store_true", help="rerun even when the inputs are unchanged")
         s.add_argument("--keep", action="store_true", help="docker: keep the container for debugging")
         s.add_argument("--timeout", type=_positive, help="seconds per stage (default: the matrix's settings.timeouts)")
+        if name in ("e2e", "all"):
+            s.add_argument("--world-size", type=int, help="e2e ranks (default: the matrix's, else one per GPU or 8 on CPU)")
     s = sub.add_parser("image", help="make a docker image: an offline base (images/<name>) or a matrix image")
     s.add_argument("--name", required=True, help="offline image folder under images/ or matrix image name")
     s.add_argument("--matrix", default=DEFAULT_MATRIX)
@@ -79,7 +81,11 @@ def _stages(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     matrix.image(args.image)
     display = Display()
-    pipeline = Pipeline(Options(matrix, Path(args.artifacts).resolve(), args.force, args.keep, args.timeout, display))
+    if getattr(args, "world_size", None) is not None and args.world_size < 1:
+        print(f"error: --world-size must be at least 1, got {args.world_size}", file=sys.stderr)
+        return ConfigError.EXIT_CODE
+    pipeline = Pipeline(Options(matrix, Path(args.artifacts).resolve(), args.force, args.keep, args.timeout,
+                                getattr(args, "world_size", None), display))
     try:
         if args.command == "all":
             pipeline.run_all(args.image)

@@ -3,19 +3,31 @@ Dockerfile builds FROM a base, and pulls. Each is made only when its tag is miss
 
     ensure_image(client, image, sink)    # the tag to run a matrix image from
     build_offline(client, recipe, sink)  # images/<name>/recipe.yaml -> bringup/<name>:<hash>
+    export_folders(client, wanted, sink) # folders of other images, copied to the host (cached)
+
+A Dockerfile is built from a staged context (:func:`staged_context`): its folder, plus
+``wheels/`` (the wheelhouse of its ``image.yaml``) and ``bake/`` (the env recipes it bakes,
+with the stdlib-only code that applies them), so an offline build needs no network.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from .image_spec import BAKE_CODE, ImageSpec, bake_plan
 from .matrix import Image
 from .offline_recipe import OFFLINE_PREFIX, OfflineRecipe, load_offline_recipe
+from .paths import REPO
+from .wheelhouse import WheelhouseError, cache_root, ensure_wheelhouse
 
 Sink = Callable[[str], None]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -76,16 +88,110 @@ def ensure_image(client: Any, image: Image, sink: Sink, force: bool = False) -> 
     if exists(client, image.tag) and not force:
         return image.tag
     base = ensure_ref(client, image.base, sink) if image.base else None
-    sink(f"[bringup] building {image.tag} from {image.dockerfile}")
-    try:
-        _, logs = client.images.build(path=str(image.dockerfile.parent), dockerfile=image.dockerfile.name, tag=image.tag,
-                                      buildargs={"BASE": base} if base else None, network_mode="host", rm=True)
-        for entry in logs:
-            if "stream" in entry:
-                sink(entry["stream"].rstrip("\n"))
-    except Exception as exc:  # noqa: BLE001 - BuildError and API errors alike
-        raise ImageError(f"building {image.tag} from {image.dockerfile} failed: {exc}") from None
+    spec = image.context or ImageSpec(image.dockerfile.parent)
+    sink(f"[bringup] building {image.tag} from {image.dockerfile} (network: {spec.network})")
+    with staged_context(spec, sink) as context:
+        tail: list[str] = []
+        try:
+            for entry in client.api.build(path=str(context), dockerfile=image.dockerfile.name, tag=image.tag,
+                                          buildargs={"BASE": base} if base else None, network_mode=spec.network,
+                                          rm=True, forcerm=True, decode=True):
+                for line in filter(str.strip, entry.get("stream", "").splitlines()):
+                    sink(line)
+                    tail = (tail + [line.strip()])[-5:]
+                if "error" in entry:
+                    raise ImageError(f"building {image.tag} from {image.dockerfile} failed: {entry['error'].strip()} "
+                                     f"(last output: {' | '.join(tail)})")
+        except ImageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - API and connection errors alike
+            raise ImageError(f"building {image.tag} from {image.dockerfile} failed: {exc}") from None
+    if not exists(client, image.tag):
+        raise ImageError(f"building {image.tag} from {image.dockerfile} ended without the image")
     return image.tag
+
+
+@contextlib.contextmanager
+def staged_context(spec: ImageSpec, sink: Sink) -> Iterator[Path]:
+    """A temporary build context: the image folder, ``wheels/`` and ``bake/`` as its spec asks."""
+    with tempfile.TemporaryDirectory(prefix="bringup-context-") as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(spec.folder, context, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if spec.wheels is not None:
+            try:
+                house = ensure_wheelhouse(spec.wheels, sink)
+            except WheelhouseError as exc:
+                raise ImageError(str(exc)) from None
+            (context / "wheels").mkdir()
+            for wheel in sorted(house.glob("*.whl")):
+                _link_or_copy(wheel, context / "wheels" / wheel.name)
+        if spec.bake:
+            bake = context / "bake"
+            for rel in BAKE_CODE:
+                (bake / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / rel, bake / rel)
+            (bake / "bake.json").write_text(json.dumps(bake_plan(spec), indent=1))
+        yield context
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def export_folders(client: Any, wanted: list[tuple[str, str]], sink: Sink) -> dict[tuple[str, str], Path]:
+    """Copy each (image, folder) to the host once, cached by the image's id; their host paths."""
+    exported = {}
+    for ref, folder in dict.fromkeys(wanted):
+        ref_id = image_id(client, ensure_ref(client, ref, sink))
+        key = hashlib.sha256(f"{ref_id}\0{folder}".encode()).hexdigest()[:16]
+        target = cache_root() / "reference" / key
+        if not (target / ".complete").is_file():
+            sink(f"[bringup] exporting {folder} from {ref} into {target}")
+            _export(client, ref, folder, target)
+        exported[(ref, folder)] = target / Path(folder).name
+    return exported
+
+
+def _export(client: Any, ref: str, folder: str, target: Path) -> None:
+    """``docker cp``: the folder's tar stream from a created (never started) container."""
+    import docker.errors
+
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    container = client.containers.create(ref, ["true"])
+    try:
+        stream, _ = container.get_archive(folder)
+        with tempfile.TemporaryFile() as tmp:
+            for chunk in stream:
+                tmp.write(chunk)
+            tmp.seek(0)
+            with tarfile.open(fileobj=tmp) as tar:
+                trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+                tar.extractall(partial, members=_safe_members(tar), **trusted)  # members already vetted
+    except docker.errors.NotFound:
+        raise ImageError(f"image {ref} has no folder {folder}") from None
+    finally:
+        container.remove(force=True)
+    (partial / ".complete").write_text("")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def _safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """Regular files, folders and relative symlinks that stay inside the extracted folder."""
+    for member in tar.getmembers():
+        parts = Path(member.name).parts
+        if member.name.startswith("/") or ".." in parts:
+            continue
+        if member.issym() and (member.linkname.startswith("/") or ".." in Path(member.linkname).parts):
+            continue
+        if member.isfile() or member.isdir() or member.issym():
+            member.mode &= 0o755
+            yield member
 
 
 def build_offline(client: Any, recipe: OfflineRecipe, sink: Sink, force: bool = False) -> str:

@@ -6,7 +6,9 @@ host interpreter and its torch/Triton for ``local``) and the code of the stage i
 * env: the env recipes' text;
 * build: the env result, the build recipes' text and the files their ``inputs`` globs match;
 * verify: the env and build results, the sources of ``kernels`` and ``engine``;
-* ab: the env result and the sources of ``kernels``.
+* ab: the env result and the sources of ``kernels``;
+* e2e: the env and build results, the world size, the sources of ``kernels`` and ``engine``
+  and the bundled checkpoint.
 
 Only cheap things here: no torch import (a no-op build must stay well under 2 s).
 """
@@ -24,7 +26,8 @@ from .paths import REPO
 from .recipes import Recipe, build_order
 
 STAGE_CODE = ["stage.py", "stages/*.py", "artifacts.py", "probe_versions.py"]
-SOURCES = {"verify": ["kernels/**/*.py", "engine/**/*.py"], "ab": ["kernels/**/*.py"]}
+SOURCES = {"verify": ["kernels/**/*.py", "engine/**/*.py"], "ab": ["kernels/**/*.py"],
+           "e2e": ["kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
 
 
 def local_identity() -> dict[str, Any]:
@@ -46,8 +49,10 @@ def build_recipes(image: Image, matrix: Matrix) -> list[Recipe]:
     return build_order(image.recipes, matrix.recipes)
 
 
-def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstream: dict[str, str | None]) -> dict[str, Any]:
-    """The inputs of ``stage`` for ``image``; ``upstream`` maps earlier stages to their inputs hash."""
+def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstream: dict[str, str | None],
+                 world_size: int | None = None) -> dict[str, Any]:
+    """The inputs of ``stage`` for ``image``; ``upstream`` maps earlier stages to their inputs hash;
+    ``world_size`` is the e2e stage's (None: the launcher's default)."""
     inputs: dict[str, Any] = {"stage": stage, "image": image.entry(), "identity": identity,
                               "code": hash_files(REPO / "bringup", STAGE_CODE)}
     if stage == "env":
@@ -62,8 +67,10 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
             targets.append({"recipe": recipe.digest, "source": str(source), "files": files})
         inputs["recipes"] = targets
         return inputs
-    if stage == "verify":
+    if stage in ("verify", "e2e"):
         inputs["build"] = upstream.get("build")
+    if stage == "e2e":
+        inputs["world_size"] = world_size
     inputs["sources"] = hash_files(REPO, SOURCES[stage])
     return inputs
 

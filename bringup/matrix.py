@@ -5,7 +5,8 @@
     recipes_dir: recipes               # relative to this file (default: recipes)
     settings:
       timeouts: {env: 1800, build: 3600, verify: 900, ab: 3600, e2e: 3600}
-      world_size: 1                    # ranks for e2e when an image does not say
+      world_size: 8                    # ranks for e2e when an image does not say (default:
+                                       # the launcher's: one per GPU, or 8 gloo ranks on CPU)
       diff: {near_tie_margin: 1.0}
     overrides:                         # shared settings, applied to every image a glob selects
       - select: "flag*"                # a glob or a list of globs over image names
@@ -40,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .hashing import hash_files, hash_json
+from .hashing import hash_json
+from .image_spec import ImageSpec, context_identity, load_image_spec
 from .offline_recipe import IMAGES_DIR, OFFLINE_PREFIX, RECIPE_FILE, load_offline_recipe
 from .paths import DEFAULT_MATRIX, shown
 from .recipes import Recipe, load_recipes
@@ -82,6 +84,7 @@ class Image:
     gpus: str | int | None = None
     world_size: int | None = None
     python: str | None = None
+    context: ImageSpec | None = None    # what the Dockerfile's build context holds (images/<x>/image.yaml)
 
     def entry(self) -> dict[str, Any]:
         """The resolved entry as JSON (part of every stage's cache key)."""
@@ -101,7 +104,7 @@ class Settings:
     """Stage defaults. ``timeouts`` has every stage of :data:`STAGES` (seconds)."""
 
     timeouts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
-    world_size: int = 1
+    world_size: int | None = None
     diff: DiffSettings = field(default_factory=DiffSettings)
 
 
@@ -152,7 +155,7 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
             if any(fnmatch.fnmatchcase(name, s) for s in selectors):
                 _merge(merged, fields)
         _merge(merged, own)
-        images[name] = _image(name, merged, images_at.key(name))
+        images[name] = _image(name, merged, images_at.key(name), recipes)
     reference = string(data["reference"], at.key("reference"), IMAGE_NAME, "an image name")
     if reference not in images:
         at.key("reference").fail(f"expected one of the images ({', '.join(images)}), got {reference!r}")
@@ -248,8 +251,9 @@ def _merge(into: dict[str, Any], fields: dict[str, Any]) -> None:
             into[key] = value
 
 
-def _image(name: str, fields: dict[str, Any], at: At) -> Image:
-    """Check the combination of fields and derive the tag."""
+def _image(name: str, fields: dict[str, Any], at: At, recipes: dict[str, Recipe]) -> Image:
+    """Check the combination of fields and derive the tag (a Dockerfile's: its base and the
+    identity of its build context, see bringup.image_spec)."""
     runner = fields.get("runner")
     if runner is None:
         at.key("runner").fail("missing (required: 'local' or 'docker', here or in an override that selects this image)")
@@ -258,7 +262,7 @@ def _image(name: str, fields: dict[str, Any], at: At) -> Image:
         at.key("base" if base else "dockerfile").fail("a local image runs on the host; base and dockerfile apply to docker images only")
     if runner == "docker" and not (base or dockerfile):
         at.key("base").fail(f"a docker image needs a base ({BASE_WHAT}) or a dockerfile")
-    tag = None
+    tag, context = None, None
     if runner == "docker":
         resolved_base = base
         if base and base.startswith(OFFLINE_PREFIX):
@@ -267,8 +271,8 @@ def _image(name: str, fields: dict[str, Any], at: At) -> Image:
                 at.key("base").fail(f"expected an offline image with a recipe at {shown(IMAGES_DIR / offline / RECIPE_FILE)}, there is none")
             resolved_base = load_offline_recipe(offline).tag
         if dockerfile:
-            context = hash_files(dockerfile.parent, ["**/*"])
-            tag = f"bringup/{name}:{hash_json([context, dockerfile.name, resolved_base])[:12]}"
+            context = load_image_spec(dockerfile.parent, recipes)
+            tag = f"bringup/{name}:{hash_json([context_identity(context), dockerfile.name, resolved_base])[:12]}"
         else:
             tag = resolved_base
     expect = dict.fromkeys(EXPECT_KEYS)
@@ -277,7 +281,7 @@ def _image(name: str, fields: dict[str, Any], at: At) -> Image:
         name=name, runner=runner, base=base, dockerfile=dockerfile, tag=tag, expect=expect,
         env=fields.get("env", {}), recipes=fields.get("recipes", []), gpus=fields.get("gpus"),
         world_size=fields.get("world_size"),
-        python=fields.get("python", None if runner == "local" else "python3"),
+        python=fields.get("python", None if runner == "local" else "python3"), context=context,
     )
 
 
@@ -291,5 +295,6 @@ def _settings(value: Any, at: At) -> Settings:
     margin = number(diff.get("near_tie_margin", DiffSettings.near_tie_margin), at.key("diff").key("near_tie_margin"), 0.0,
                     "a logprob margin >= 0")
     return Settings(timeouts=timeouts,
-                    world_size=integer(raw.get("world_size", 1), at.key("world_size"), 1, "a number of ranks >= 1"),
+                    world_size=None if raw.get("world_size") is None
+                    else integer(raw["world_size"], at.key("world_size"), 1, "a number of ranks >= 1"),
                     diff=DiffSettings(near_tie_margin=margin))

@@ -23,7 +23,7 @@ from .paths import REPO, shown
 from .runners import Mount, RunRequest, RunResult
 from .runs import INTERRUPTED, new_run_id
 
-STAGE_ORDER = ("env", "build", "verify", "ab")
+STAGE_ORDER = ("env", "build", "verify", "ab", "e2e")
 SKIPPED = "skipped"
 
 
@@ -38,6 +38,7 @@ class Options:
     force: bool = False
     keep: bool = False
     timeout: float | None = None
+    world_size: int | None = None
     display: Display = field(default_factory=Display)
 
 
@@ -55,7 +56,7 @@ class Pipeline:
         return self._docker
 
     def run_all(self, image_name: str) -> None:
-        """env -> build -> verify -> ab; a failed env stops the rest (they would run on a broken image)."""
+        """env -> build -> verify -> ab -> e2e; a failed env stops the rest (they would run on a broken image)."""
         for i, stage in enumerate(STAGE_ORDER):
             outcome = self.run(stage, image_name)
             if stage == "env" and outcome.status == FAILED:
@@ -68,12 +69,14 @@ class Pipeline:
         image = o.matrix.image(image_name)
         record_file = record_path(o.artifacts, image.name, stage)
         env_record = _usable(read_json(record_path(o.artifacts, image.name, "env"))) if stage != "env" else None
+        build_record = _usable(read_json(record_path(o.artifacts, image.name, "build"))) if stage not in ("env", "build") else None
         upstream = {s: _upstream(read_json(record_path(o.artifacts, image.name, s))) for s in ("env", "build")}
         try:
             ref, identity = self._image(image, stage, env_record)
+            exported = self._reference_folders(image) if stage == "env" else {}
         except images.ImageError as exc:
             return self._record_failure(stage, image, new_run_id(image.name, stage), "", utc_now(), str(exc), 0.0)
-        inputs = stage_inputs(stage, image, o.matrix, identity, upstream)
+        inputs = stage_inputs(stage, image, o.matrix, identity, upstream, self._world_size(image))
         digest = inputs_hash(inputs)
         record = read_json(record_file)
         if not o.force and self._cache_hit(stage, record, digest):
@@ -82,15 +85,15 @@ class Pipeline:
         started = utc_now()
         out = image_dir(o.artifacts, image.name)
         spec_path = out / ".spec" / f"{stage}.json"
-        write_json(spec_path, self._spec(stage, image, run_id, digest, out))
+        write_json(spec_path, self._spec(stage, image, run_id, digest, out, exported))
         python = (env_record or {}).get("python") or image.python or sys.executable
         request = RunRequest(
             run_id=run_id, image=image.name, stage=stage,
             argv=[python, "-m", "bringup.stage", stage, "--spec", str(spec_path)],
             cwd=REPO, log_path=stage_log(o.artifacts, image.name, stage), artifacts=o.artifacts,
             timeout=o.timeout or o.matrix.settings.timeouts[stage],
-            allowlists=[image.env] + ([env_record["env"]] if env_record and env_record.get("env") else []),
-            mounts=self._mounts(stage, image), keep=o.keep, docker_ref=ref, gpus=image.gpus,
+            allowlists=[image.env] + [r[key] for r, key in ((env_record, "env"), (build_record, "exports")) if r and r.get(key)],
+            mounts=self._mounts(stage, image, exported), keep=o.keep, docker_ref=ref, gpus=image.gpus,
             commit_to=f"bringup-env/{image.name}:{digest[:12]}" if stage == "env" and env_recipes(image, o.matrix) else None,
         )
         o.display.note(f"{stage} {image.name}: running (run {run_id}, timeout {request.timeout:g} s)")
@@ -123,16 +126,28 @@ class Pipeline:
 
         return lambda request: docker.run(request, self.options.display.line, self.docker())
 
-    def _spec(self, stage: str, image: Image, run_id: str, digest: str, out: Path) -> dict[str, Any]:
+    def _spec(self, stage: str, image: Image, run_id: str, digest: str, out: Path, exported: dict) -> dict[str, Any]:
         m = self.options.matrix
         recipes = env_recipes(image, m) if stage == "env" else build_recipes(image, m) if stage == "build" else []
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
-                "expect": image.expect, "recipes": [r.to_spec() for r in recipes]}
+                "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
+                "world_size": self._world_size(image)}
 
-    def _mounts(self, stage: str, image: Image) -> list[Mount]:
-        """The repo (writable for build: extensions build in place), the artifacts, and build sources."""
+    def _world_size(self, image: Image) -> int | None:
+        """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""
+        return self.options.world_size or image.world_size or self.options.matrix.settings.world_size
+
+    def _reference_folders(self, image: Image) -> dict[tuple[str, str], Path]:
+        """Folders env recipes copy from other images (copy_site_packages with ``image``), exported to the host."""
+        wanted = [ref for recipe in env_recipes(image, self.options.matrix) for ref in recipe.reference_folders()]
+        return images.export_folders(self.docker(), wanted, self.options.display.line) if wanted else {}
+
+    def _mounts(self, stage: str, image: Image, exported: dict[tuple[str, str], Path]) -> list[Mount]:
+        """The repo (writable for build: vendor sources may build in place), the artifacts, build
+        sources, and folders exported from reference images (read-only)."""
         self.options.artifacts.mkdir(parents=True, exist_ok=True)
         mounts = [Mount(REPO, read_only=stage != "build"), Mount(self.options.artifacts, read_only=False)]
+        mounts += [Mount(folder, read_only=True) for folder in sorted(set(exported.values()))]
         if stage == "build":
             for recipe in build_recipes(image, self.options.matrix):
                 source, _ = recipe.resolve_source()

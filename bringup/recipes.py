@@ -7,16 +7,24 @@ isolation) and names the .so files it makes, which the build stage ABI-checks::
     kind: build
     description: the engine's _C extension
     target: engine-c                  # logs/build-<target>.log; default: the file name
-    source: .                         # repo-relative, absolute, or ${VAR}/sub: a user-given path
+    source: .                         # repo-relative, absolute, ${VAR}/sub or ${VAR:-default}/sub:
+                                      # a user-given path (a relative value is taken from the repo)
     requires:                         # prerequisites, checked inside the image first
       modules: [torch]                #   importable Python modules
       commands: [g++]                 #   executables on PATH
       env: [CUDA_HOME]                #   environment variables that must be set
       recipes: [other-target]         #   build recipes that must have passed before
-    command: [python, -m, engine.csrc.build]   # argv; "python" is the image's stage interpreter
+      headers: [elfutils/libdwfl.h]   #   C headers, looked up in the compiler's include folders
+      versions: {"nvidia-nccl-cu*": ">=2.32.3"}   # bounds on torch/triton/cuda/nccl (as the probe
+                                      #   reports them) or on installed distributions (globs allowed)
+    command: [python, -m, engine.csrc.build, --out, "{out}"]   # argv; "python" is the stage interpreter
     env: {MAX_JOBS: "8"}
     inputs: ["engine/csrc/**"]        # globs under source: part of the cache key
-    products: ["engine/**/*.so"]      # globs under source: the built extension modules
+    products: ["{out}/engine/*.so"]   # globs under source (or under {out}): the built extension modules
+    exports: {ENGINE_NATIVE_DIR: "{out}/engine", "PYTHONPATH+": "{out}"}   # for the later stages
+
+``{out}`` is the target's own output folder, ``<artifacts>/<image>/build/<target>``: every
+image builds into its own, so images never overwrite each other's extensions.
 
 An env recipe is a list of fix-up steps, each a mapping with one step kind (and an optional
 ``name``); :data:`STEP_KINDS` lists them with what they take::
@@ -31,6 +39,10 @@ An env recipe is a list of fix-up steps, each a mapping with one step kind (and 
       - python_symlink: /usr/local/bin
       - ld_library_path: ["/root/.triton/nvidia/cudart/*/lib"]
       - copy_site_packages: {from: /ref/site-packages, dists: [tilelang], keep_system: [pillow]}
+      - copy_site_packages: {image: "vllm/vllm-openai:v0.32.0", from: /usr/local/lib/python3.12/dist-packages}
+
+``copy_site_packages`` with ``image`` copies from a folder inside another docker image: the host
+exports that folder once (cached by the image's id) and mounts it for the env stage.
 """
 
 from __future__ import annotations
@@ -52,8 +64,15 @@ MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 PACKAGE = r"[a-z0-9][a-z0-9+.-]+"
 DIST = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 ABSOLUTE = r"/\S*"
-SOURCE = r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})?[^$]*"
+SOURCE = r"(\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}$]*)?\})?[^$]*"
 VERSION = r"[0-9][0-9A-Za-z.+-]*"
+PRODUCT = r"(\{out\}/)?[^/{].*"
+EXPORT_KEY = r"[A-Za-z_][A-Za-z0-9_]*\+?"
+HEADER = r"[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*\.(h|hh|hpp|hxx|cuh)"
+COMPONENTS = ("torch", "triton", "cuda", "nccl")
+DIST_GLOB = r"[A-Za-z0-9*][A-Za-z0-9._*-]*"
+SPECIFIER = r"(==|!=|>=|<=|>|<)\s*[0-9]+(\.[0-9]+)*"
+SPECIFIERS = rf"{SPECIFIER}(\s*,\s*{SPECIFIER})*"
 
 STEP_KINDS = {
     "apt": "a list of Debian packages to install",
@@ -62,7 +81,7 @@ STEP_KINDS = {
     "nccl_pin": "{package: the NCCL wheel's name, version: X.Y.Z, wheel: optional file or URL}",
     "python_symlink": "the folder (on PATH) where 'python' should point at python3",
     "ld_library_path": "a list of absolute folder globs appended to LD_LIBRARY_PATH for later stages",
-    "copy_site_packages": "{from: a site-packages folder, dists: optional list, keep_system: optional list}",
+    "copy_site_packages": "{from: a site-packages folder, image: optional docker image holding it, dists: optional list, keep_system: optional list}",
 }
 
 
@@ -81,6 +100,8 @@ class Requires:
     commands: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     recipes: list[str] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,27 +121,44 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)
     products: list[str] = field(default_factory=list)
+    exports: dict[str, str] = field(default_factory=dict)
 
     def resolve_source(self, repo: Path = REPO) -> tuple[Path | None, str | None]:
-        """The source folder on this host, or None and why not (an unset ${VAR})."""
-        match = re.match(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", self.source)
+        """The source folder on this host, or None and why not (an unset ${VAR} without default).
+
+        A relative path (given directly, by the variable or by its default) is taken from ``repo``."""
+        match = re.match(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", self.source)
         if match:
-            value = os.environ.get(match.group(1))
+            value = os.environ.get(match.group(1)) or match.group(2)
             if not value:
                 return None, f"source {self.source}: environment variable {match.group(1)} is not set (set it to the source checkout for {self.target})"
-            return Path(value + self.source[match.end():]).resolve(), None
-        path = Path(self.source)
+            path = Path(value + self.source[match.end():])
+        else:
+            path = Path(self.source)
         return (path if path.is_absolute() else (repo / path)).resolve(), None
 
-    def to_spec(self, repo: Path = REPO) -> dict[str, Any]:
-        """The JSON form the in-image stage receives (sources resolved on the host)."""
+    def reference_folders(self) -> list[tuple[str, str]]:
+        """(docker image, folder inside it) of every ``copy_site_packages`` step that reads another image."""
+        return [(s.params["image"], s.params["from"]) for s in self.steps if s.kind == "copy_site_packages" and s.params.get("image")]
+
+    def to_spec(self, repo: Path = REPO, exported: dict[tuple[str, str], Path] | None = None) -> dict[str, Any]:
+        """The JSON form the in-image stage receives (sources resolved on the host; a folder read
+        from another image replaced by where ``exported`` says the host put it)."""
         source, why_not = self.resolve_source(repo) if self.kind == "build" else (None, None)
+        steps = []
+        for s in self.steps:
+            params = s.params
+            if s.kind == "copy_site_packages" and params.get("image"):
+                key = (params["image"], params["from"])
+                if exported is None or key not in exported:
+                    raise ConfigError(f"{shown(self.path)}: {s.name}: the folder {params['from']} of image {params['image']} was not exported by the host")
+                params = {**params, "from": str(exported[key])}
+            steps.append({"kind": s.kind, "name": s.name, "params": params})
         return {
             "name": self.name, "kind": self.kind, "digest": self.digest, "description": self.description,
-            "steps": [{"kind": s.kind, "name": s.name, "params": s.params} for s in self.steps],
-            "target": self.target, "source": str(source) if source else None, "source_error": why_not,
+            "steps": steps, "target": self.target, "source": str(source) if source else None, "source_error": why_not,
             "requires": vars(self.requires), "command": self.command, "env": self.env,
-            "inputs": self.inputs, "products": self.products,
+            "inputs": self.inputs, "products": self.products, "exports": self.exports,
         }
 
 
@@ -151,7 +189,7 @@ def load_recipe(path: Path) -> Recipe:
         data = mapping(data, at, required=common[:2] + ("steps",), optional=common[2:])
     else:
         data = mapping(data, at, required=common[:2] + ("command",),
-                       optional=common[2:] + ("target", "source", "requires", "env", "inputs", "products"))
+                       optional=common[2:] + ("target", "source", "requires", "env", "inputs", "products", "exports"))
     if integer(data["schema"], at.key("schema")) != 1:
         at.key("schema").fail(f"expected 1 (the recipe format this version reads), got {data['schema']}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -159,7 +197,7 @@ def load_recipe(path: Path) -> Recipe:
     if kind == "env":
         return Recipe(name, kind, path, digest, description, steps=_steps(data["steps"], at.key("steps")))
     requires_at = at.key("requires")
-    req = mapping(data.get("requires") or {}, requires_at, optional=("modules", "commands", "env", "recipes"))
+    req = mapping(data.get("requires") or {}, requires_at, optional=("modules", "commands", "env", "recipes", "headers", "versions"))
     env_at = at.key("env")
     env = {string(k, env_at, ENV_NAME, "an environment variable name"): string(v, env_at.key(k), what="a string value")
            for k, v in mapping(data.get("env") or {}, env_at).items()}
@@ -172,12 +210,38 @@ def load_recipe(path: Path) -> Recipe:
             commands=string_list(req.get("commands", []), requires_at.key("commands"), r"[^\s/]+", "a command name"),
             env=string_list(req.get("env", []), requires_at.key("env"), ENV_NAME, "an environment variable name"),
             recipes=string_list(req.get("recipes", []), requires_at.key("recipes"), NAME, "a recipe name"),
+            headers=string_list(req.get("headers", []), requires_at.key("headers"), HEADER, "a header path such as 'elfutils/libdwfl.h'"),
+            versions=_versions(req.get("versions"), requires_at.key("versions")),
         ),
         command=string_list(data["command"], at.key("command"), what="a command-line argument", allow_empty=False),
         env=env,
         inputs=string_list(data.get("inputs", []), at.key("inputs"), r"[^/].*", "a relative glob"),
-        products=string_list(data.get("products", []), at.key("products"), r"[^/].*", "a relative glob"),
+        products=string_list(data.get("products", []), at.key("products"), PRODUCT, "a glob relative to the source, or starting with {out}/"),
+        exports=_exports(data.get("exports"), at.key("exports")),
     )
+
+
+def _versions(value: Any, at: At) -> dict[str, str]:
+    """``{name: bounds}``: a component of the probe (torch, triton, cuda, nccl) or an installed
+    distribution (a name or glob such as ``nvidia-nccl-cu*``), and the versions it must have."""
+    bounds = {}
+    for key, val in mapping(value or {}, at).items():
+        if key not in COMPONENTS and not re.fullmatch(DIST_GLOB, key):
+            at.key(key).fail(f"expected {', '.join(COMPONENTS)} or a distribution name (globs allowed)")
+        bounds[key] = string(val, at.key(key), SPECIFIERS, "version bounds such as '>=2.32.3' or '>=2.9,<2.14'")
+    return bounds
+
+
+def _exports(value: Any, at: At) -> dict[str, str]:
+    """Variables the later stages of the image get; ``NAME+`` appends to a PATH-like variable."""
+    exports = {}
+    for key, val in mapping(value or {}, at).items():
+        if not re.fullmatch(EXPORT_KEY, key):
+            at.key(key).fail("expected an environment variable name, optionally ending in '+' (append)")
+        if key.endswith("+") and not key[:-1].endswith("PATH"):
+            at.key(key).fail(f"'+' appends to a PATH-like variable (a name ending in PATH), not {key[:-1]}")
+        exports[key] = string(val, at.key(key), what="a string value ({out} is the target's output folder)")
+    return exports
 
 
 def _steps(value: Any, at: At) -> list[Step]:
@@ -219,11 +283,14 @@ def _step_params(kind: str, value: Any, at: At) -> Any:
         return {"package": string(params["package"], at.key("package"), DIST, "a wheel name such as 'nvidia-nccl-cu13'"),
                 "version": string(params["version"], at.key("version"), VERSION, "a version string such as '2.32.3'"),
                 "wheel": optional_string(params.get("wheel"), at.key("wheel"), r"(/|https?://)\S+", "an absolute path or URL of the wheel")}
-    params = mapping(value, at, required=("from",), optional=("dists", "keep_system"))
+    params = mapping(value, at, required=("from",), optional=("image", "dists", "keep_system"))
     dists = params.get("dists")
-    return {"from": string(params["from"], at.key("from"), ABSOLUTE, "an absolute site-packages folder"),
-            "dists": None if dists is None else string_list(dists, at.key("dists"), DIST, "a distribution name", allow_empty=False),
-            "keep_system": string_list(params.get("keep_system", []), at.key("keep_system"), DIST, "a distribution name")}
+    result = {"from": string(params["from"], at.key("from"), ABSOLUTE, "an absolute site-packages folder"),
+              "dists": None if dists is None else string_list(dists, at.key("dists"), DIST, "a distribution name", allow_empty=False),
+              "keep_system": string_list(params.get("keep_system", []), at.key("keep_system"), DIST, "a distribution name")}
+    if "image" in params:
+        result["image"] = string(params["image"], at.key("image"), r"[^\s]+", "a docker image reference")
+    return result
 
 
 def _check_build_requires(recipes: dict[str, Recipe]) -> None:

@@ -1,35 +1,61 @@
 """Choose the host-side hot paths once per process: ``engine._C`` or its Python twin.
 
 ``host_ops()`` returns a module with ``block_hashes``, ``pack_prefill`` and ``pack_decode``.
-When ``_C`` is not built, fails to import (say an undefined torch symbol after a torch
-change) or is stale (another API version), the Python fallback :mod:`engine.host_ops` is used
-and one notice naming why goes to stderr; with ``ENGINE_OPS_STRICT=1`` that raises
-:class:`NativeUnavailableError` instead.
+``engine._C`` is loaded from the folder ``ENGINE_NATIVE_DIR`` names when it is set (the
+pipeline builds one ``_C`` per image, ``python -m engine.csrc.build --out OUT`` writes
+``OUT/engine/_C*.so``, and later stages get ``ENGINE_NATIVE_DIR=OUT/engine``), else from the
+``engine`` package. When ``_C`` is not built, fails to import (say an undefined torch symbol
+after a torch change) or is stale (another API version), the Python fallback
+:mod:`engine.host_ops` is used and one notice naming why goes to stderr; with
+``ENGINE_OPS_STRICT=1`` that raises :class:`NativeUnavailableError` instead.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import os
 import sys
+import sysconfig
+from pathlib import Path
 from types import ModuleType
 
 from kernels.registry import strict
 
 from . import host_ops as python_ops
 
+NATIVE_DIR = "ENGINE_NATIVE_DIR"
+NATIVE_MODULE = "engine._C"
+
 
 class NativeUnavailableError(RuntimeError):
     """``engine._C`` cannot serve and ENGINE_OPS_STRICT=1 refuses the Python fallback."""
 
 
-def unavailable_reason(module_name: str = "engine._C") -> tuple[ModuleType | None, str | None]:
+def _import(module_name: str) -> ModuleType:
+    """``engine._C`` from ``$ENGINE_NATIVE_DIR`` when set; any other module as usual."""
+    folder = os.environ.get(NATIVE_DIR)
+    if module_name != NATIVE_MODULE or not folder or module_name in sys.modules:
+        return importlib.import_module(module_name)
+    path = Path(folder) / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not path.is_file():
+        raise ModuleNotFoundError(f"no {path.name} in {NATIVE_DIR}={folder}", name=module_name)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    return module
+
+
+def unavailable_reason(module_name: str = NATIVE_MODULE) -> tuple[ModuleType | None, str | None]:
     """Import ``module_name`` and check its API version: ``(module, None)`` or ``(None, why not)``."""
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
-            return None, f"{module_name} is not built (run: python -m engine.csrc.build)"
+            where = f" in {NATIVE_DIR}={os.environ[NATIVE_DIR]}" if module_name == NATIVE_MODULE and os.environ.get(NATIVE_DIR) else ""
+            return None, f"{module_name} is not built{where} (run: python -m engine.csrc.build{' --out DIR' if where else ''})"
         return None, f"importing {module_name} failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - any load failure is a reason to report
         return None, f"importing {module_name} failed: {type(exc).__name__}: {exc}"

@@ -58,7 +58,7 @@ def triton_info() -> dict[str, Any]:
         "available": True,
         "version": getattr(triton, "__version__", "unknown"),
         "module": os.path.dirname(getattr(triton, "__file__", "") or ""),
-        "distribution": _distribution_of("triton"),
+        "distribution": _distribution_of(triton.__name__),  # an aliased fork reports its own
         "interpret": interpret_mode(),
     }
 

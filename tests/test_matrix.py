@@ -35,7 +35,8 @@ def test_repo_matrix_has_the_images_of_the_field_report():
     assert matrix.images["local"].runner == "local"
     for name in ("flagtree", "stock", "flagos"):
         image = matrix.images[name]
-        assert image.runner == "docker" and image.base and image.tag == image.base
+        assert image.runner == "docker" and image.base and image.dockerfile == REPO / "images" / name / "Dockerfile"
+        assert image.tag.startswith(f"bringup/{name}:")  # built FROM the field report's base with its fix-ups
         assert image.gpus == "all" and image.world_size == 8
         assert set(image.expect) == set(EXPECT_KEYS) and image.expect["torch"] and image.expect["triton"]
     assert matrix.images["flagtree"].expect["triton"] == "3.6.0"

@@ -1,5 +1,6 @@
 """``invoke all --image local`` on the host (CPU is fine): every stage passes and writes its
-artifacts with the common header; a no-op ``invoke build`` afterwards is skipped in < 2 s."""
+artifacts with the common header; ``invoke diff --images local,local`` then says identical; a
+no-op ``invoke build`` afterwards is skipped in < 2 s."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_all_on_the_local_image_then_a_fast_noop_build(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "local"
     records = {}
-    for stage in ("env", "build", "verify", "ab"):
+    for stage in ("env", "build", "verify", "ab", "e2e"):
         record = json.loads((out / RECORD_FILES[stage]).read_text())
         records[stage] = record
         assert list(record)[: len(HEADER)] == list(HEADER)
@@ -42,9 +43,22 @@ def test_all_on_the_local_image_then_a_fast_noop_build(tmp_path):
     manifest = json.loads((out / "ab" / "manifest.json").read_text())
     assert manifest["cases"] and all((out / "ab" / c["file"]).is_file() for c in manifest["cases"])
     assert records["ab"]["summary"]["failed"] == 0 and records["ab"]["summary"]["passed"] > 0
+    e2e = records["e2e"]
+    assert e2e["exit_code"] == 0 and e2e["world_size"] == 8 and e2e["prompts"]
+    for prompt in e2e["prompts"]:
+        (sequence,) = prompt["sequences"]  # every rank produced the same tokens
+        assert sorted(sequence["ranks"]) == list(range(8)) and prompt["answer_ok"] is True
+    lines = (out / "e2e" / "tokens.jsonl").read_text().splitlines()
+    assert len(lines) == 8 * len(e2e["prompts"])
     runs = [json.loads(p.read_text()) for p in (tmp_path / ".runs").glob("*.json")]
     assert sorted(r["run_id"] for r in runs) == sorted(r["run_id"] for r in records.values())
     assert all(r["ended"] and r["status"] == "passed" for r in runs)
+
+    diff = subprocess.run([sys.executable, "-m", "invoke", "diff", "--images", "local,local", "--artifacts", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+    report = (tmp_path / "diff" / "report.md").read_text()
+    assert "identical" in report.lower() and (tmp_path / "diff" / "report.html").is_file()
 
     start = time.monotonic()
     again = subprocess.run([sys.executable, "-m", "invoke", "build", "--image", "local", "--artifacts", str(tmp_path)],

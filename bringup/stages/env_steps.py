@@ -8,10 +8,10 @@ a one-line reason when it cannot.
 from __future__ import annotations
 
 import configparser
+import csv
 import fnmatch
 import glob
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .common import run_tee, site_packages
+from .layers import GUARDED, dist_info_name, normalize
 
 APPLIED, UNCHANGED = "applied", "unchanged"
 # Distributions copy_site_packages never overwrites when the image has them: replacing them
 # is exactly what the guard forbids.
-ALWAYS_KEEP = ("torch", "triton", "tokenspeed-triton", "nvidia-nccl-cu*")
+ALWAYS_KEEP = GUARDED
 
 
 class StepError(Exception):
@@ -75,11 +76,18 @@ def venv(path: str, ctx: EnvContext) -> tuple[str, str]:
         cfg.read_string("[venv]\n" + (root / "pyvenv.cfg").read_text())
         if cfg.get("venv", "include-system-site-packages", fallback="false").strip().lower() != "true":
             raise StepError(f"{path} exists but was made without --system-site-packages (remove it to let env remake it)")
-        ctx.python = str(python)
+        _use_venv(root, ctx)
         return UNCHANGED, f"{path} exists (with system site-packages)"
     _run([ctx.python, "-m", "venv", "--system-site-packages", path], ctx, "python -m venv")
-    ctx.python = str(python)
+    _use_venv(root, ctx)
     return APPLIED, f"made {path} with --system-site-packages; later stages use {python}"
+
+
+def _use_venv(root: Path, ctx: EnvContext) -> None:
+    """Later steps and stages run the venv's python, with VIRTUAL_ENV set (build scripts such as
+    the field report's setup.py insist on it)."""
+    ctx.python = str(root / "bin" / "python")
+    ctx.exports["VIRTUAL_ENV"] = str(root)
 
 
 def cuda_headers(params: dict[str, str], ctx: EnvContext) -> tuple[str, str]:
@@ -163,21 +171,21 @@ def copy_site_packages(params: dict[str, Any], ctx: EnvContext) -> tuple[str, st
     source = Path(params["from"])
     if not source.is_dir():
         raise StepError(f"{source} is not a folder")
-    available = {_name_version(info)[0]: info for info in source.glob("*.dist-info")}
-    wanted = [_norm(d) for d in params["dists"]] if params["dists"] else sorted(available)
+    available = {dist_info_name(info)[0]: info for info in source.glob("*.dist-info")}
+    wanted = [normalize(d) for d in params["dists"]] if params["dists"] else sorted(available)
     absent = [d for d in wanted if d not in available]
     if absent:
         raise StepError(f"{source} has no distribution {', '.join(absent)}")
     target_sites = site_packages(ctx.python)
     target = Path(target_sites[0])
-    keep = [_norm(k) for k in params["keep_system"]] + [_norm(k) for k in ALWAYS_KEEP]
+    keep = [normalize(k) for k in params["keep_system"]] + [normalize(k) for k in ALWAYS_KEEP]
     copied, kept, same = [], [], []
     for dist in wanted:
         info = available[dist]
-        version = _name_version(info)[1]
+        version = dist_info_name(info)[1]
         mine = _installed_info(target_sites, dist)
         if mine is not None and any(fnmatch.fnmatchcase(dist, k) for k in keep):
-            kept.append(f"{dist} {_name_version(mine)[1]}")
+            kept.append(f"{dist} {dist_info_name(mine)[1]}")
             continue
         if mine is not None and mine.name == info.name and mine.parent == target:
             same.append(f"{dist} {version}")
@@ -193,20 +201,10 @@ def copy_site_packages(params: dict[str, Any], ctx: EnvContext) -> tuple[str, st
     return (APPLIED if copied else UNCHANGED), detail or "nothing to copy"
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _name_version(info: Path) -> tuple[str, str]:
-    """(normalized name, version) of a ``<name>-<version>.dist-info`` folder."""
-    name, _, version = info.name[: -len(".dist-info")].rpartition("-")
-    return _norm(name), version
-
-
 def _installed_info(sites: list[str], dist: str) -> Path | None:
     for site in sites:
         for info in Path(site).glob("*.dist-info"):
-            if _name_version(info)[0] == dist:
+            if dist_info_name(info)[0] == dist:
                 return info
     return None
 
@@ -215,7 +213,8 @@ def _record_files(info: Path) -> list[str]:
     record = info / "RECORD"
     if not record.is_file():
         raise StepError(f"{info} has no RECORD; cannot tell its files")
-    return [line.split(",")[0] for line in record.read_text().splitlines() if line.strip()]
+    with open(record, newline="", encoding="utf-8") as fh:
+        return [row[0] for row in csv.reader(fh) if row and row[0]]
 
 
 def _copy_by_record(info: Path, source: Path, target: Path) -> None:

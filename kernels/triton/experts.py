@@ -114,7 +114,9 @@ def _block_rows(starts_ptr, counts_ptr, sorted_ptr, n_experts, BLOCK_M: tl.const
     safe = tl.minimum(expert, n_experts - 1)
     start = tl.load(starts_ptr + safe)
     count = tl.load(counts_ptr + safe)
-    row_ok = (rows - start < count) & (expert < n_experts)
+    # The scalar test is broadcast to the block first: tokenspeed-triton 3.8's interpreter rejects
+    # a load mask made of a block of booleans & a scalar one ("mask has unsupported dtype").
+    row_ok = (rows - start < count) & (expert + tl.zeros_like(rows) < n_experts)
     pairs = tl.load(sorted_ptr + rows, mask=row_ok, other=0)
     return expert, rows, row_ok, pairs
 
@@ -217,7 +219,7 @@ def _sum_topk_kernel(pair_out_ptr, ids_ptr, y_ptr, n_experts, D: tl.constexpr, T
     ok = cols < D
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
-        expert = tl.load(ids_ptr + token * TOP_K + k)
+        expert = tl.load(ids_ptr + token * TOP_K + k) + tl.zeros_like(cols)  # broadcast: see _block_rows
         here = (expert >= 0) & (expert < n_experts)
         acc += tl.load(pair_out_ptr + (token * TOP_K + k) * D + cols, mask=ok & here, other=0.0)
     y_ty = y_ptr.dtype.element_ty

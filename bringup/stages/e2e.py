@@ -1,0 +1,41 @@
+"""The e2e stage, inside the image: ``python -m engine.launch --out e2e/`` on the bundled tiny checkpoint.
+
+N ranks generate the answer key's prompts; the launcher writes ``e2e/report.json`` (tokens per
+rank, agreement, answer-key score, timings, op backends, fallbacks, tracebacks),
+``e2e/tokens.jsonl`` and ``e2e/rank<i>.log``. The world size is the image's (matrix), else the
+launcher's default: one rank per GPU, or 8 gloo ranks on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import FAILED, PASSED, read_json
+from .common import probe_versions
+
+EXIT_MEANING = {1: "a rank failed or hung", 2: "bad arguments", 3: "ranks disagree or an answer is wrong",
+                124: "timed out", 130: "interrupted", 143: "terminated"}
+
+
+def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    if importlib.util.find_spec("torch") is None:
+        return FAILED, {"problems": ["torch is not importable in this image: the engine cannot run"]}, probe_versions(sys.executable)
+    e2e = out / "e2e"
+    report_path = e2e / "report.json"
+    report_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "engine.launch", "--out", str(e2e), "--image", spec["image"]]
+    if spec.get("world_size"):
+        argv += ["--world-size", str(spec["world_size"])]
+    print(f"[e2e] {' '.join(argv)}", flush=True)
+    code = subprocess.call(argv)
+    report = read_json(report_path) or {}
+    problems = [] if code == 0 else [f"engine.launch exited with {code} ({EXIT_MEANING.get(code, 'crashed')})"]
+    if not report:
+        problems.append("engine.launch wrote no report")
+    body = {**report, "exit_code": code, "problems": problems}
+    versions = report.get("versions") or probe_versions(sys.executable)
+    return (FAILED if problems else PASSED), body, versions
