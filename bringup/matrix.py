@@ -23,6 +23,7 @@
         recipes: [engine-c]
         gpus: all                      # all | a count | null (none)
         world_size: 8
+        e2e_prompts: 12                # e2e on the first N prompts only (default: all of them)
 
 Image fields are resolved as: every matching override in file order, then the image's own
 entry on top; mappings (``env``, ``expect``) merge key by key, anything else is replaced.
@@ -59,7 +60,7 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 DOCKER_REF = rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
 BASE_WHAT = "a docker image reference such as 'vllm/vllm-openai:v0.32.0' or 'offline:<name>'"
 VERSION_WHAT = 'a version string such as "2.11.0+cu130" (or null: not checked)'
-IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size")
+IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts")
 DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600}
 RESERVED_ENV = ("BRINGUP_RUN_ID",)
 
@@ -83,6 +84,7 @@ class Image:
     recipes: list[str] = field(default_factory=list)
     gpus: str | int | None = None
     world_size: int | None = None
+    e2e_prompts: int | None = None
     python: str | None = None
     context: ImageSpec | None = None    # what the Dockerfile's build context holds (images/<x>/image.yaml)
 
@@ -91,7 +93,7 @@ class Image:
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
-                "python": self.python}
+                "e2e_prompts": self.e2e_prompts, "python": self.python}
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,8 @@ def _fields(raw: Any, at: At, base_dir: Path, recipes: dict[str, Recipe]) -> dic
             fields[key] = value
         elif key == "world_size":
             fields[key] = None if value is None else integer(value, key_at, 1, "a number of ranks >= 1")
+        elif key == "e2e_prompts":
+            fields[key] = None if value is None else integer(value, key_at, 1, "a number of prompts >= 1 (or null: all)")
     return fields
 
 
@@ -280,7 +284,7 @@ def _image(name: str, fields: dict[str, Any], at: At, recipes: dict[str, Recipe]
     return Image(
         name=name, runner=runner, base=base, dockerfile=dockerfile, tag=tag, expect=expect,
         env=fields.get("env", {}), recipes=fields.get("recipes", []), gpus=fields.get("gpus"),
-        world_size=fields.get("world_size"),
+        world_size=fields.get("world_size"), e2e_prompts=fields.get("e2e_prompts"),
         python=fields.get("python", None if runner == "local" else "python3"), context=context,
     )
 

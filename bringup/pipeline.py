@@ -131,7 +131,7 @@ class Pipeline:
         recipes = env_recipes(image, m) if stage == "env" else build_recipes(image, m) if stage == "build" else []
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
                 "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
-                "world_size": self._world_size(image)}
+                "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts}
 
     def _world_size(self, image: Image) -> int | None:
         """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""

@@ -212,6 +212,29 @@ def test_a_kernel_beyond_tolerance_fails_the_diff(tmp_path, real_runs):
     assert f"{victim[0]}/{victim[1]}:" in md and "beyond tolerance" in md
 
 
+def test_a_case_dumped_by_one_side_only_is_not_identical(tmp_path, real_runs):
+    from kernels.dump import DumpWriter, read
+
+    generations = make_generations(random.Random(8), 3)
+    write_image(tmp_path, "local", real_runs["triton"][0], real_runs["triton"][1], generations)
+    source = read(real_runs["triton"][0])
+    partial_dir = tmp_path / "partial-ab"
+    writer = DumpWriter(partial_dir)
+    dropped = sorted(source.cases)[random.Random(9).randrange(len(source.cases))]
+    for key, entry in sorted(source.cases.items()):
+        if key != dropped:  # the other image could not run this case
+            writer.add(entry["op"], entry["case"], entry["seed"], source.load(entry)[0])
+    writer.commit({k: v for k, v in source.manifest.items() if k != "cases"})
+    shutil.copy(real_runs["triton"][0] / "results.json", partial_dir / "results.json")
+    write_image(tmp_path, "vendor", partial_dir, real_runs["triton"][1], generations)
+
+    assert run_diff(tmp_path, ["vendor"], "local", 1.0) == 1
+    result = collect(tmp_path, ["vendor"], "local", 1.0)
+    assert result.verdict() == "differs" and not result.kernels[0].failed()
+    assert result.kernels[0].one_side["only_in_b"] == [f"{dropped[0]}/{dropped[1]}"]
+    assert f"{dropped[0]}/{dropped[1]}" in (tmp_path / "diff" / "report.md").read_text()
+
+
 def test_missing_and_broken_artifacts_are_unusable_input(tmp_path, real_runs, capsys):
     generations = make_generations(random.Random(8), 2)
     write_image(tmp_path, "local", real_runs["triton"][0], real_runs["triton"][1], generations)

@@ -187,3 +187,13 @@ def test_unusable_arguments_exit_2_before_starting_ranks(tmp_path):
     assert launch.wait(timeout=60) == 2
     assert "missing.json: cannot read the prompt file" in launch.output
     assert not list(tmp_path.glob("rank*.log"))
+
+
+def test_max_prompts_runs_the_first_prompts_of_the_key(tmp_path):
+    launch = Launch(tmp_path, "--world-size", "2", "--max-prompts", "3")
+    assert launch.wait(timeout=300) == 0, launch.output
+    report = launch.report()
+    assert [p["prompt"] for p in report["prompts"]] == answer_key.load().prompts[:3]
+    assert all(p["answer_ok"] for p in report["prompts"])
+    zero = Launch(tmp_path / "zero", "--world-size", "2", "--max-prompts", "0")
+    assert zero.wait(timeout=60) == 2 and "--max-prompts must be at least 1" in zero.output

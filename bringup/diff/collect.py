@@ -54,6 +54,10 @@ class KernelComparison:
     def failed(self) -> list:
         return [r for r in self.results if r.status == FAILED]
 
+    def one_sided(self) -> int:
+        """Cases dumped by one side only: equality cannot be shown for them."""
+        return sum(len(cases) for cases in self.one_side.values())
+
     def by_op(self) -> dict[str, OpSummary]:
         ops: dict[str, OpSummary] = {}
         for r in self.results:
@@ -111,11 +115,14 @@ class DiffResult:
         return sum(t.count(REAL) for t in self.tokens)
 
     def kernel_failures(self) -> int:
-        return sum(len(k.failed()) for k in self.kernels)
+        """Cases beyond tolerance, plus cases only one side dumped (a case an image skipped or
+        could not run is not a case shown equal)."""
+        return sum(len(k.failed()) + k.one_sided() for k in self.kernels)
 
     def exit_code(self) -> int:
-        """2: unusable input (missing or broken artifacts); 1: a real divergence or a kernel
-        case beyond tolerance; 0: everything identical or within tolerance / near-tie."""
+        """2: unusable input (missing or broken artifacts); 1: a real divergence, a kernel case
+        beyond tolerance or dumped by one side only; 0: everything identical or within
+        tolerance / near-tie."""
         if self.missing or self.problems:
             return 2
         return 1 if self.real_divergences() or self.kernel_failures() else 0

@@ -3,7 +3,8 @@
 N ranks generate the answer key's prompts; the launcher writes ``e2e/report.json`` (tokens per
 rank, agreement, answer-key score, timings, op backends, fallbacks, tracebacks),
 ``e2e/tokens.jsonl`` and ``e2e/rank<i>.log``. The world size is the image's (matrix), else the
-launcher's default: one rank per GPU, or 8 gloo ranks on CPU.
+launcher's default: one rank per GPU, or 8 gloo ranks on CPU. An image's ``e2e_prompts``
+limits the run to the key's first N prompts (images that run Triton under its interpreter).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
     argv = [sys.executable, "-m", "engine.launch", "--out", str(e2e), "--image", spec["image"]]
     if spec.get("world_size"):
         argv += ["--world-size", str(spec["world_size"])]
+    if spec.get("e2e_prompts"):
+        argv += ["--max-prompts", str(spec["e2e_prompts"])]
     print(f"[e2e] {' '.join(argv)}", flush=True)
     code = subprocess.call(argv)
     report = read_json(report_path) or {}

@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, help="number of ranks (default: the GPUs, or 8 on CPU)")
     parser.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
     parser.add_argument("--prompts", type=Path, help="prompt file (default: the prompts of the model's answer_key.json)")
+    parser.add_argument("--max-prompts", type=int, help="only the first N prompts (default: all)")
     parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the answer key's, else 32)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when torch sees a GPU")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on CUDA, float32 on CPU")
@@ -73,6 +74,10 @@ def resolve_job(args: argparse.Namespace, world_size: int | None):
             raise UsageError(f"no --prompts given and {Path(args.model) / 'answer_key.json'} does not exist")
     except (PromptsError, AnswerKeyError) as exc:
         raise UsageError(str(exc)) from None
+    if args.max_prompts is not None:
+        if args.max_prompts < 1:
+            raise UsageError(f"--max-prompts must be at least 1, got {args.max_prompts}")
+        prompts = prompts[: args.max_prompts]
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
