@@ -152,7 +152,9 @@ def test_gpu_bf16_matches_transformers_bf16(tmp_path):
     for ckpt, trained in _gpu_checkpoints(tmp_path):
         model = DeepseekV3ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
         llm = LLM(ckpt, dtype="bfloat16", device="cuda", block_size=16)
-        seqs, logits = run_steps(llm, _gpu_prompts(ckpt), SamplingParams(max_tokens=STEPS, ignore_eos=True))
+        # The trained model is compared on its answers (up to EOS): past EOS it was never trained
+        # and its margins there are near-ties that bf16 rounding may flip either way.
+        seqs, logits = run_steps(llm, _gpu_prompts(ckpt), SamplingParams(max_tokens=STEPS, ignore_eos=not trained))
         for seq in seqs:
             prompt, tokens = seq.token_ids[: seq.num_prompt_tokens], seq.completion_token_ids
             with torch.no_grad():
@@ -166,7 +168,7 @@ def test_gpu_bf16_matches_transformers_bf16(tmp_path):
 def test_gpu_cuda_graphs_give_the_same_greedy_tokens(tmp_path):
     for ckpt, trained in _gpu_checkpoints(tmp_path):
         prompts = _gpu_prompts(ckpt)[:3]  # 3 requests: replays pad the batch to the 4-graph
-        params = SamplingParams(max_tokens=STEPS, ignore_eos=True)
+        params = SamplingParams(max_tokens=STEPS, ignore_eos=not trained)  # trained: its answers, up to EOS
         graphs = LLM(ckpt, dtype="bfloat16", device="cuda", max_num_seqs=8)
         assert graphs.runner.graphs is not None and 4 in graphs.runner.graphs.batch_sizes
         eager = LLM(ckpt, dtype="bfloat16", device="cuda", max_num_seqs=8, enforce_eager=True)
@@ -174,6 +176,7 @@ def test_gpu_cuda_graphs_give_the_same_greedy_tokens(tmp_path):
         for with_graphs, without in zip(graphs.generate(prompts, params), eager.generate(prompts, params)):
             # Identical tokens; only a random model may diverge, and only at a near-tie.
             a, b = with_graphs["token_ids"], without["token_ids"]
-            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), STEPS)
-            assert first == STEPS or (not trained and without["top2_margin"][first] < 0.05), f"{ckpt.name}: diverged at {first}"
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            same = first == len(a) == len(b)
+            assert same or (not trained and without["top2_margin"][first] < 0.05), f"{ckpt.name}: diverged at {first}"
             assert torch.allclose(torch.tensor(with_graphs["logprobs"][:first]), torch.tensor(without["logprobs"][:first]), atol=2e-2)
