@@ -20,6 +20,17 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def procs():
+    """Processes a test starts (each in its own process group); killed, group and all, afterwards."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
 def docker_daemon_reason() -> str | None:
     """None when a docker daemon answers, else why not."""
     if shutil.which("docker") is None:

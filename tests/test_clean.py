@@ -58,16 +58,6 @@ def _wait_for(predicate, seconds: float = 10.0) -> bool:
     return predicate()
 
 
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-
-
 def test_run_states(tmp_path):
     write_record(tmp_path, "r-ended", os.getpid(), ended=True)
     write_record(tmp_path, "r-active", os.getpid(), ended=False)

@@ -62,16 +62,6 @@ def test_real_cgroup_file_of_a_real_process(procs):
     assert holder.where() == (f"container name-of-{found[:12]}" if found else "host process")
 
 
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            os.killpg(p.pid, 9)
-            p.wait()
-
-
 def _fake_nvidia_smi(folder: Path, gpus: str, apps: str) -> None:
     """An nvidia-smi on PATH that replays recorded outputs for the two queries doctor makes."""
     (folder / "gpus.csv").write_text(gpus)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import alive_with_run_id
 
 from engine.tiny import answer_key
 
@@ -22,22 +23,6 @@ NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 LONG_RUN = ["--max-tokens", "200", "--ignore-eos"]
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
-
-
-def alive_with_run_id(run_id: str) -> list[int]:
-    """Processes (not zombies) whose environment carries BRINGUP_RUN_ID=<run_id>."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"BRINGUP_RUN_ID={run_id}".encode() in environ and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 class Launch:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import alive_with_run_id
 
 from bringup.display import Display
 from bringup.matrix import load_matrix
@@ -29,22 +30,6 @@ def bringup(args: list[str], artifacts: Path, env: dict | None = None, timeout: 
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "bringup", *args, "--matrix", str(MATRIX), "--artifacts", str(artifacts)],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
-
-
-def alive_with_run_id(run_id: str) -> list[int]:
-    """Processes (not zombies) whose environment carries BRINGUP_RUN_ID=<run_id>."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"BRINGUP_RUN_ID={run_id}".encode() in environ and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def is_alive(pid: int) -> bool:
@@ -79,7 +64,7 @@ def test_stage_sees_only_the_allowlisted_environment(tmp_path):
     assert env["PATH"].endswith(os.pathsep + "/opt/bringup-test/bin")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
     assert env["BRINGUP_RUN_ID"] == record["run_id"]
-    assert f"ENV {{" in proc.stdout  # streamed to the terminal too
+    assert "ENV {" in proc.stdout  # streamed to the terminal too
 
 
 def test_exit_codes_and_blocked_targets(tmp_path):

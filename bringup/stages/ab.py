@@ -8,13 +8,12 @@ Every op's backend against its torch reference on the A/B cases; the outputs are
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED, read_json
-from .common import probe_versions
+from ..artifacts import FAILED
+from .common import probe_versions, run_recording_module
 
 EXIT_MEANING = {1: "a case failed", 2: "unusable input"}
 
@@ -23,14 +22,5 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
     if importlib.util.find_spec("torch") is None:
         return FAILED, {"problems": ["torch is not importable in this image: kernels.ab cannot run"]}, probe_versions(sys.executable)
     results_path = out / "ab" / "results.json"
-    results_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "kernels.ab", "--dump", str(out / "ab"), "--json", str(results_path)]
-    print(f"[ab] {' '.join(argv)}", flush=True)
-    code = subprocess.call(argv)
-    results = read_json(results_path) or {}
-    problems = [] if code == 0 else [f"kernels.ab exited with {code} ({EXIT_MEANING.get(code, 'crashed')})"]
-    if not results:
-        problems.append("kernels.ab wrote no results")
-    body = {**results, "exit_code": code, "problems": problems}
-    versions = results.get("versions") or probe_versions(sys.executable)
-    return (FAILED if problems else PASSED), body, versions
+    return run_recording_module("ab", argv, results_path, EXIT_MEANING)

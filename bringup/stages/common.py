@@ -87,3 +87,20 @@ def site_packages(python: str) -> list[str]:
 def stage_python(argv0: str, python: str) -> str:
     """Commands spell the stage's interpreter as ``python``."""
     return python if argv0 == "python" else argv0
+
+
+def run_recording_module(stage: str, argv: list[str], record_path: Path, exit_meaning: dict[int, str]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Run an entry point that writes its own JSON record (``kernels.ab --json``, ``engine.launch``)
+    and turn it into the stage's result: ``(status, body, versions)``. The stage fails when the
+    command exits non-zero (its meaning from ``exit_meaning``) or writes no record."""
+    from ..artifacts import FAILED, PASSED, read_json
+
+    record_path.unlink(missing_ok=True)
+    print(f"[{stage}] {' '.join(argv)}", flush=True)
+    code = subprocess.call(argv)
+    record = read_json(record_path) or {}
+    problems = [] if code == 0 else [f"{argv[2]} exited with {code} ({exit_meaning.get(code, 'crashed')})"]
+    if not record:
+        problems.append(f"{argv[2]} wrote no {record_path.name}")
+    body = {**record, "exit_code": code, "problems": problems}
+    return (FAILED if problems else PASSED), body, record.get("versions") or probe_versions(sys.executable)

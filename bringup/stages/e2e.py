@@ -10,13 +10,12 @@ limits the run to the key's first N prompts (images that run Triton under its in
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED, read_json
-from .common import probe_versions
+from ..artifacts import FAILED
+from .common import probe_versions, run_recording_module
 
 EXIT_MEANING = {1: "a rank failed or hung", 2: "bad arguments", 3: "ranks disagree or an answer is wrong",
                 124: "timed out", 130: "interrupted", 143: "terminated"}
@@ -25,20 +24,9 @@ EXIT_MEANING = {1: "a rank failed or hung", 2: "bad arguments", 3: "ranks disagr
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     if importlib.util.find_spec("torch") is None:
         return FAILED, {"problems": ["torch is not importable in this image: the engine cannot run"]}, probe_versions(sys.executable)
-    e2e = out / "e2e"
-    report_path = e2e / "report.json"
-    report_path.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "engine.launch", "--out", str(e2e), "--image", spec["image"]]
+    argv = [sys.executable, "-m", "engine.launch", "--out", str(out / "e2e"), "--image", spec["image"]]
     if spec.get("world_size"):
         argv += ["--world-size", str(spec["world_size"])]
     if spec.get("e2e_prompts"):
         argv += ["--max-prompts", str(spec["e2e_prompts"])]
-    print(f"[e2e] {' '.join(argv)}", flush=True)
-    code = subprocess.call(argv)
-    report = read_json(report_path) or {}
-    problems = [] if code == 0 else [f"engine.launch exited with {code} ({EXIT_MEANING.get(code, 'crashed')})"]
-    if not report:
-        problems.append("engine.launch wrote no report")
-    body = {**report, "exit_code": code, "problems": problems}
-    versions = report.get("versions") or probe_versions(sys.executable)
-    return (FAILED if problems else PASSED), body, versions
+    return run_recording_module("e2e", argv, out / "e2e" / "report.json", EXIT_MEANING)
