@@ -130,12 +130,12 @@ def diff(c, images="", reference="", near_tie_margin="", matrix="matrix.yaml", a
     _exit(command(matrix, artifacts, images, reference, near_tie_margin))
 
 
-@task(help={"artifacts": STAGE_HELP["artifacts"]})
-def doctor(c, artifacts="artifacts"):
+@task(help={"artifacts": STAGE_HELP["artifacts"], "matrix": STAGE_HELP["matrix"]})
+def doctor(c, artifacts="artifacts", matrix="matrix.yaml"):
     """Check this host: docker, NVIDIA runtime, GPU holders, leftovers of earlier runs, disk, /dev/shm, IB, versions."""
     from bringup.doctor import command
 
-    _exit(command(artifacts))
+    _exit(command(artifacts, matrix))
 
 
 @task(help={"artifacts": STAGE_HELP["artifacts"], "dry_run": "only list what would be removed"})

@@ -52,19 +52,30 @@ def header(stage: str, image: str, run_id: str, status: str, started: str, ended
             "started": started, "ended": ended, "versions": versions, "inputs_hash": inputs_hash}
 
 
-def write_json(path: Path, payload: Any) -> None:
-    """Write ``payload`` as JSON atomically: a temporary file in the same folder, then rename."""
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then a rename),
+    readable by everyone (0644); the temporary file is removed when anything goes wrong.
+    (The engine side has the same in :mod:`kernels.atomic`; this module stays stdlib only.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1, default=str)
-            fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, see :func:`write_bytes`."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write ``payload`` as JSON atomically, see :func:`write_bytes`."""
+    write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import clean
+from .errors import ConfigError
+from .matrix import load_matrix
 from .runs import RUN_ENV
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -248,6 +250,26 @@ def check_infiniband(root: Path = Path("/sys/class/infiniband")) -> Check:
     return Check("infiniband", OK, ", ".join(devices))
 
 
+def check_matrix(path: Path, has_docker: bool, has_gpus: bool) -> Check:
+    """The matrix validates, and which of its images this host can run (docker runner needs a
+    daemon; an image that asks for GPUs runs without them only as a CPU run)."""
+    try:
+        matrix = load_matrix(path)
+    except ConfigError as exc:
+        return Check("matrix", FAIL, str(exc), "fix the file as the message says")
+    cannot = [f"{name} (docker runner, no daemon)" for name, image in matrix.images.items()
+              if image.runner == "docker" and not has_docker]
+    no_gpu = [name for name, image in matrix.images.items() if image.gpus is not None and not has_gpus]
+    runnable = [name for name in matrix.images if not any(c.startswith(f"{name} ") for c in cannot)]
+    message = f"{path}: {len(matrix.images)} images; runnable here: {', '.join(runnable) or 'none'}"
+    if no_gpu:
+        message += f"; asking for GPUs that this host lacks: {', '.join(no_gpu)}"
+    if cannot:
+        return Check("matrix", WARN, message + f"; cannot run: {', '.join(cannot)}",
+                     "start dockerd to run the docker images")
+    return Check("matrix", WARN if no_gpu else OK, message, "run those on a GPU host" if no_gpu else "")
+
+
 def guarded(name: str, check: Callable[[], Check]) -> Check:
     """Run one check; an unexpected error becomes a ``fail`` naming it instead of a crash."""
     try:
@@ -256,7 +278,7 @@ def guarded(name: str, check: Callable[[], Check]) -> Check:
         return Check(name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}", "report this with the message")
 
 
-def run_checks(artifacts: Path) -> list[Check]:
+def run_checks(artifacts: Path, matrix: Path) -> list[Check]:
     """Every check, in the order the report shows them."""
     client, note = clean.docker_or_note()
     try:
@@ -275,15 +297,16 @@ def run_checks(artifacts: Path) -> list[Check]:
         guarded("disk artifacts", lambda: check_disk("disk artifacts", artifacts.resolve())),
         guarded("/dev/shm", check_shm),
         guarded("infiniband", check_infiniband),
+        guarded("matrix", lambda: check_matrix(matrix, client is not None, has_gpus)),
     ]
 
 
-def doctor(artifacts: Path) -> int:
+def doctor(artifacts: Path, matrix: Path) -> int:
     """Print every check as a table; 1 when any check fails, else 0."""
     from rich.console import Console
     from rich.table import Table
 
-    checks = run_checks(artifacts)
+    checks = run_checks(artifacts, matrix)
     table = Table(title="bringup doctor")
     for col in ("check", "status", "details", "fix"):
         table.add_column(col, overflow="fold")
@@ -294,6 +317,6 @@ def doctor(artifacts: Path) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 
-def command(artifacts: str) -> int:
+def command(artifacts: str, matrix: str) -> int:
     """``invoke doctor``."""
-    return doctor(Path(artifacts))
+    return doctor(Path(artifacts), Path(matrix))

@@ -19,11 +19,11 @@ lines of its traceback and log), ``tracebacks`` (every traceback found in the ra
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from kernels.atomic import write_text_atomic
 
 SCHEMA = 1
 TRACEBACK_HEADER = "Traceback (most recent call last):"
@@ -34,19 +34,6 @@ LOG_TAIL_LINES = 20
 def utc_now() -> str:
     """The current time, ISO 8601 in UTC."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def tracebacks_in(text: str) -> list[list[str]]:
@@ -168,5 +155,5 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
 
 def write(out: Path, report: dict, tokens: list[dict]) -> None:
     """``out/report.json`` and ``out/tokens.jsonl``, each written atomically."""
-    write_atomic(out / "tokens.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tokens))
-    write_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "tokens.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tokens))
+    write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")

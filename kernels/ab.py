@@ -25,7 +25,8 @@ import torch
 
 from . import registry
 from .cases import Case, case_seed, generator
-from .compare import CLOSE, DIFFERS, EQUAL, OutputDiff, compare
+from .compare import DIFFERS, EQUAL, OutputDiff, compare
+from .atomic import write_text_atomic
 from .dump import DumpError, DumpWriter, read
 from .registry import BackendUnavailable, Op
 from .versions import probe
@@ -142,27 +143,7 @@ def compare_with_dump(ops: list[Op], backend: str, dump_dir: str, on_result=None
     results = []
     for key in sorted(ours.keys() & theirs.keys()):
         op, case = ours[key]
-        entry = theirs[key]
-        try:
-            impl = op.load(backend)
-        except BackendUnavailable as exc:
-            results.append(CaseResult(op.name, case.id, backend, SKIPPED, str(exc)))
-            continue
-        if case.needs_cuda and device.type != "cuda":
-            results.append(CaseResult(op.name, case.id, backend, SKIPPED, "needs a CUDA device"))
-            continue
-        expected, intact = dump.load(entry)
-        args, kwargs = _inputs(op, case, seed, device)
-        start = time.perf_counter()
-        try:
-            out = as_outputs(op, impl(*args, **kwargs))
-        except Exception as exc:  # noqa: BLE001
-            results.append(CaseResult(op.name, case.id, backend, FAILED, f"{type(exc).__name__}: {exc}"))
-            continue
-        diffs = [compare(name, out[name], expected[name], name in op.exact, op.tolerances) for name in expected]
-        failed = any(d.status == DIFFERS for d in diffs) or set(out) != set(expected)
-        note = "" if intact else "dump file changed since it was written (sha256 mismatch)"
-        result = CaseResult(op.name, case.id, backend, FAILED if failed else PASSED, note, diffs, time.perf_counter() - start)
+        result = _compare_one(op, case, backend, dump, theirs[key], seed, device)
         results.append(result)
         if on_result:
             on_result(result)
@@ -173,23 +154,49 @@ def compare_with_dump(ops: list[Op], backend: str, dump_dir: str, on_result=None
     return results, one_side
 
 
+def _compare_one(op: Op, case: Case, backend: str, dump, entry: dict, seed: int, device: torch.device) -> CaseResult:
+    """Run one dumped case here and compare its outputs with the dump's."""
+    try:
+        impl = op.load(backend)
+    except BackendUnavailable as exc:
+        return CaseResult(op.name, case.id, backend, SKIPPED, str(exc))
+    if case.needs_cuda and device.type != "cuda":
+        return CaseResult(op.name, case.id, backend, SKIPPED, "needs a CUDA device")
+    expected, intact = dump.load(entry)
+    args, kwargs = _inputs(op, case, seed, device)
+    start = time.perf_counter()
+    try:
+        out = as_outputs(op, impl(*args, **kwargs))
+    except Exception as exc:  # noqa: BLE001 - a crashing backend is a failed case, reported
+        return CaseResult(op.name, case.id, backend, FAILED, f"{type(exc).__name__}: {exc}")
+    diffs = [compare(name, out[name], expected[name], name in op.exact, op.tolerances) for name in expected]
+    failed = any(d.status == DIFFERS for d in diffs) or set(out) != set(expected)
+    note = "" if intact else "dump file changed since it was written (sha256 mismatch)"
+    return CaseResult(op.name, case.id, backend, FAILED if failed else PASSED, note, diffs, time.perf_counter() - start)
+
+
 def compare_dumps(dir_a: str, dir_b: str) -> tuple[list[CaseResult], dict[str, list[str]]]:
-    """Compare two dumps on disk, case by case, without running anything."""
+    """Compare two dumps on disk, case by case, without running anything. Dumps made from
+    different seeds hold different inputs: that is a DumpError, not a difference."""
     a, b = read(dir_a), read(dir_b)
+    if a.manifest.get("seed") != b.manifest.get("seed"):
+        raise DumpError(f"{dir_a} and {dir_b} were dumped with different seeds "
+                        f"({a.manifest.get('seed')} vs {b.manifest.get('seed')}): their inputs differ")
     known = registry.ops()
     results = []
     for key in sorted(a.cases.keys() & b.cases.keys()):
         op = known.get(key[0])
         exact = op.exact if op else ()
         overrides = op.tolerances if op else None
-        out_a, _ = a.load(a.cases[key])
-        out_b, _ = b.load(b.cases[key])
+        out_a, intact_a = a.load(a.cases[key])
+        out_b, intact_b = b.load(b.cases[key])
         diffs = [compare(name, out_a[name], out_b[name], name in exact, overrides) for name in out_b if name in out_a]
         missing = set(out_a) ^ set(out_b)
         failed = any(d.status == DIFFERS for d in diffs) or bool(missing)
         backend = f"{a.manifest.get('backend')}|{b.manifest.get('backend')}"
-        results.append(CaseResult(key[0], key[1], backend, FAILED if failed else PASSED,
-                                  f"outputs on one side only: {sorted(missing)}" if missing else "", diffs))
+        notes = [f"outputs on one side only: {sorted(missing)}"] if missing else []
+        notes += [f"{d} file changed since it was written (sha256 mismatch)" for d, ok in ((dir_a, intact_a), (dir_b, intact_b)) if not ok]
+        results.append(CaseResult(key[0], key[1], backend, FAILED if failed else PASSED, "; ".join(notes), diffs))
     one_side = {
         "only_in_a": [f"{o}/{c}" for o, c in sorted(a.cases.keys() - b.cases.keys())],
         "only_in_b": [f"{o}/{c}" for o, c in sorted(b.cases.keys() - a.cases.keys())],
@@ -257,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     backend = (args.backend or registry.default_backend()).lower()
+    known = {registry.TORCH} | {name for op in registry.ops().values() for name in op.backends}
+    if backend not in known:
+        print(f"error: --backend {backend!r}: no op has that backend (known: {', '.join(sorted(known))})", file=sys.stderr)
+        return 2
     quick = args.quick if args.quick is not None else not torch.cuda.is_available()
     versions = probe()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -297,16 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"schema": 1, "mode": "compare" if args.compare else "ab", "backend": backend, "quick": quick,
                    "seed": args.seed, "started": started, "versions": versions, "summary": counts,
                    "one_side": one_side, "results": [r.to_json() for r in results]}
-        _write_json_atomic(Path(args.json), payload)
+        write_text_atomic(Path(args.json), json.dumps(payload, indent=1, default=str) + "\n")
     print(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped")
     return 1 if counts[FAILED] else 0
 
 
-def _write_json_atomic(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    tmp.replace(path)
+
 
 
 if __name__ == "__main__":

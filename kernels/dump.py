@@ -54,6 +54,7 @@ class DumpWriter:
         name = case_file(op, case_id)
         tensors = {k: v.detach().cpu().contiguous() for k, v in outputs.items()}
         save_file(tensors, str(self._tmp / name))
+        os.chmod(self._tmp / name, 0o644)  # safetensors writes 0600; a dump is an artifact others read
         self.cases.append({
             "op": op, "case": case_id, "file": name, "seed": seed,
             "sha256": sha256_of(self._tmp / name),
@@ -64,6 +65,7 @@ class DumpWriter:
     def commit(self, header: dict[str, Any]) -> Path:
         manifest = {"schema": SCHEMA, **header, "cases": self.cases}
         (self._tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        os.chmod(self._tmp, 0o755)  # mkdtemp made it private; a dump is an artifact others read
         old = None
         if self.path.exists():
             old = self.path.with_name(self._tmp.name + ".old")

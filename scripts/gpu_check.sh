@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session's checks and benchmarks, in priority order, each under its own time limit.
+# The GPU checks and benchmarks, in priority order, each under its own time limit.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (run from the repo root on a CUDA host)
 # Writes logs and JSON into OUT_DIR and prints a short table last. Steps:
 #   gpu-tests  pytest -m gpu (engine vs transformers bf16, CUDA graphs, EP over NCCL, fused kernels)

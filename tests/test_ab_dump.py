@@ -89,3 +89,22 @@ def test_a_missing_or_garbled_manifest_exits_2(dump_copy, capsys, damage):
     assert ab.main(["--ops", "norm", "--compare", str(dump_copy)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "manifest.json" in err[0]
+
+
+def test_a_dump_is_readable_by_others(norm_dump):
+    assert (norm_dump.stat().st_mode & 0o777) == 0o755
+    assert all((f.stat().st_mode & 0o044) == 0o044 for f in norm_dump.iterdir())
+
+
+def test_an_unknown_backend_is_unusable_input(capsys):
+    assert ab.main(["--ops", "norm", "--quick", "--backend", "bogus"]) == 2
+    assert "--backend 'bogus'" in capsys.readouterr().err
+
+
+def test_dumps_of_different_seeds_are_not_compared(norm_dump, tmp_path):
+    other = tmp_path / "other-seed"
+    assert ab.main(["--ops", "norm", "--quick", "--seed", "7", "--dump", str(other)]) == 0
+    with pytest.raises(ab.DumpError, match="different seeds"):
+        ab.compare_dumps(str(norm_dump), str(other))
+    results, one_side = ab.compare_dumps(str(norm_dump), str(norm_dump))
+    assert results and all(r.status == ab.PASSED for r in results) and not any(one_side.values())

@@ -281,3 +281,15 @@ def test_invoke_diff_arguments_are_checked(tmp_path, real_runs, capsys):
     assert "--near-tie-margin: expected a number, got 'wide'" in capsys.readouterr().err
     assert command(matrix, str(tmp_path), images="local,local", near_tie_margin="0.25") == 0
     assert "near-tie margin: 0.25" in (tmp_path / "diff" / "report.md").read_text()
+
+
+def test_artifacts_with_nothing_to_compare_are_not_called_identical(tmp_path):
+    from kernels.versions import probe
+
+    versions = probe()
+    for image in ("local", "vendor"):
+        (tmp_path / image).mkdir()
+        (tmp_path / image / "env.json").write_text(json.dumps({**_header("env", image, versions), "steps": [], "guard": {}}))
+    result = collect(tmp_path, ["vendor"], "local", 1.0)
+    assert result.nothing_compared() and result.verdict() == "nothing compared" and result.exit_code() == 2
+    assert run_diff(tmp_path, ["vendor"], "local", 1.0) == 2

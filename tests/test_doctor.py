@@ -127,10 +127,10 @@ def test_infiniband_devices_are_listed(tmp_path):
 
 
 def test_every_check_reports_here_without_crashing(tmp_path):
-    checks = doctor.run_checks(tmp_path)
+    checks = doctor.run_checks(tmp_path, REPO / "matrix.yaml")
     names = [c.name for c in checks]
     assert names == ["python/torch/triton", "docker daemon", "nvidia runtime", "gpus", "gpu holders", "orphans",
-                     "disk /tmp", "disk artifacts", "/dev/shm", "infiniband"]
+                     "disk /tmp", "disk artifacts", "/dev/shm", "infiniband", "matrix"]
     assert all(c.status in (doctor.OK, doctor.WARN, doctor.FAIL, doctor.SKIP) and c.message for c in checks)
     assert all(c.fix for c in checks if c.status in (doctor.WARN, doctor.FAIL))
     if shutil.which("nvidia-smi") is None:
@@ -143,3 +143,18 @@ def test_invoke_doctor_prints_the_table(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "bringup doctor" in proc.stdout and "infiniband" in proc.stdout
     assert proc.returncode == (1 if "│ fail " in proc.stdout else 0)
+
+
+def test_matrix_check_names_what_this_host_cannot_run(tmp_path):
+    shipped = REPO / "matrix.yaml"
+    on_cpu_without_docker = doctor.check_matrix(shipped, has_docker=False, has_gpus=False)
+    assert on_cpu_without_docker.status == doctor.WARN and on_cpu_without_docker.fix
+    assert "runnable here: local" in on_cpu_without_docker.message
+    assert "stock-cpu (docker runner, no daemon)" in on_cpu_without_docker.message
+    assert "asking for GPUs that this host lacks: " in on_cpu_without_docker.message
+    with_everything = doctor.check_matrix(shipped, has_docker=True, has_gpus=True)
+    assert with_everything.status == doctor.OK and "stock-cpu" in with_everything.message
+    broken = tmp_path / "matrix.yaml"
+    broken.write_text("schema: 1\nimages: {}\n")
+    failed = doctor.check_matrix(broken, has_docker=True, has_gpus=True)
+    assert failed.status == doctor.FAIL and failed.message.startswith(str(broken)) and "reference" in failed.message

@@ -26,14 +26,15 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason=
 
 
 class Launch:
-    """One launcher process with its own run id (CPU: Triton's interpreter is not asked for)."""
+    """One launcher process with its own run id, on the CPU (gloo) even where there are GPUs
+    (Triton's interpreter is not asked for)."""
 
     def __init__(self, out: Path, *args: str, env: dict[str, str] | None = None):
         self.out, self.run_id = out, f"e2e-test-{secrets.token_hex(6)}"
         base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ENGINE_OPS_BACKEND")}
         full_env = {**base, "PYTHONPATH": str(REPO), "BRINGUP_RUN_ID": self.run_id, **(env or {})}
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine.launch", "--out", str(out), *args], cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine.launch", "--device", "cpu", "--out", str(out), *args], cwd=REPO,
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def wait(self, timeout: float) -> int:
@@ -61,9 +62,11 @@ class Launch:
         return json.loads((self.out / "report.json").read_text())
 
 
-@pytest.mark.parametrize("backend_env", [{}, {"ENGINE_OPS_BACKEND": "torch"}], ids=["default-backend", "torch-backend"])
-def test_eight_ranks_agree_and_answer_the_whole_key(tmp_path, backend_env):
-    launch = Launch(tmp_path, "--world-size", "8", env=backend_env)
+def test_eight_ranks_agree_and_answer_the_whole_key(tmp_path):
+    # On CPU without TRITON_INTERPRET the default backend is the torch one (asserted below): this
+    # is also the ENGINE_OPS_BACKEND=torch run. Triton under its interpreter runs e2e in the CPU
+    # stand-in images (.ci/run), where it takes minutes.
+    launch = Launch(tmp_path, "--world-size", "8")
     code = launch.wait(timeout=300)
     wall = time.monotonic() - launch.started
     assert code == 0, launch.output

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import traceback
-from pathlib import Path
 
 import pytest
 

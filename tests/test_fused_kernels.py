@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_checkpoints import rel_err
 from kernels.cases import generator
 from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
 from kernels.ops.experts import fused_experts_reference
@@ -24,9 +25,6 @@ from kernels.triton import attn, experts, kv  # noqa: E402 - needs Triton
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``max|out - ref| / max|ref|`` (the project's tolerance measure)."""
-    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
 def randn(gen, *shape, dtype=torch.float32, scale=1.0):
@@ -181,10 +179,11 @@ def test_decode_zero_context_and_table_entries_past_the_context():
 
 
 def test_decode_split_count_depends_on_shapes_only():
-    assert attn.decode_splits(1, 16, 4096, 132) == 16
-    assert attn.decode_splits(64, 128, 4096, 132) == 1
-    assert attn.decode_splits(1, 16, 100, 132) == 1
-    assert all(1 <= attn.decode_splits(b, 16, 8192, 132) <= 64 for b in (1, 2, 32, 256))
+    shapes = [(b, h, w, 132) for b in (1, 2, 32, 256) for h in (16, 128) for w in (100, 4096, 8192)]
+    splits = [attn.decode_splits(*shape) for shape in shapes]
+    assert all(1 <= s <= 64 for s in splits)
+    assert splits == [attn.decode_splits(*shape) for shape in shapes]  # a function of the shapes alone
+    assert max(splits) > 1  # small batches over long contexts do split
 
 
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache

@@ -33,8 +33,9 @@ def test_default_is_triton_where_triton_runs():
 def test_global_backend_variable_selects_torch(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "torch")
     x, w = _x()
-    torch.testing.assert_close(norm.rmsnorm(x, w), norm.rmsnorm_reference(x, w))
+    norm.rmsnorm(x, w)
     assert norm.rmsnorm.resolution() == registry.Resolution("norm.rmsnorm", "torch", "torch")
+    assert norm.rmsnorm._impl is norm.rmsnorm_reference
     assert quant.act_quant.resolution().backend == "torch"
 
 

@@ -120,17 +120,23 @@ class DiffResult:
         return sum(len(k.failed()) + k.one_sided() for k in self.kernels)
 
     def exit_code(self) -> int:
-        """2: unusable input (missing or broken artifacts); 1: a real divergence, a kernel case
+        """2: unusable input (missing or broken artifacts, or nothing to compare); 1: a real divergence, a kernel case
         beyond tolerance or dumped by one side only; 0: everything identical or within
         tolerance / near-tie."""
-        if self.missing or self.problems:
+        if self.missing or self.problems or self.nothing_compared():
             return 2
         return 1 if self.real_divergences() or self.kernel_failures() else 0
 
+    def nothing_compared(self) -> bool:
+        """No kernel case and no prompt was compared (no A/B dump nor e2e tokens anywhere)."""
+        return not any(k.results or k.one_sided() for k in self.kernels) and not any(t.rows for t in self.tokens)
+
     def verdict(self) -> str:
-        """``unusable input``, ``differs``, ``within tolerance`` (close kernels, near-ties) or
+        """``nothing compared``, ``unusable input``, ``differs``, ``within tolerance`` (close kernels, near-ties) or
         ``identical`` (every kernel output bitwise equal and every token sequence the same)."""
         code = self.exit_code()
+        if code == 2 and self.nothing_compared() and not (self.missing or self.problems):
+            return "nothing compared"
         if code:
             return "unusable input" if code == 2 else "differs"
         bitwise = all(d.status == EQUAL for k in self.kernels for r in k.results for d in r.outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .atomic import write_bytes_atomic
+from ..artifacts import write_bytes
 from .collect import DiffResult
 from .tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
 
@@ -20,7 +20,7 @@ def _save(fig, path: Path) -> None:
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    write_bytes_atomic(path, buf.getvalue())
+    write_bytes(path, buf.getvalue())
 
 
 def kernel_heatmap(result: DiffResult, folder: Path) -> str | None:

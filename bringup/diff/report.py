@@ -8,7 +8,7 @@ from pathlib import Path
 from kernels.compare import DIFFERS
 
 from . import plots
-from .atomic import write_text_atomic
+from ..artifacts import write_text
 from .collect import DiffResult
 from .document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 
@@ -105,8 +105,8 @@ def write(result: DiffResult, folder: Path) -> dict[str, Path]:
     for stale in {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE} - set(figures.values()):
         (folder / stale).unlink(missing_ok=True)
     blocks = build(result, figures)
-    write_text_atomic(folder / "report.md", to_markdown(blocks))
-    write_text_atomic(folder / "report.html", to_html(blocks, f"bringup diff against {result.reference.label}", folder))
+    write_text(folder / "report.md", to_markdown(blocks))
+    write_text(folder / "report.html", to_html(blocks, f"bringup diff against {result.reference.label}", folder))
     paths = {"report.md": folder / "report.md", "report.html": folder / "report.html"}
     paths.update({name: folder / name for name in figures.values() if name})
     return paths

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..e2e_report import write_atomic
+from kernels.atomic import write_text_atomic
 from . import heartbeat, rank_env
 from .job import Job
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     job = Job.load(args.run_dir / "job.json")
     result = run_rank(job, args.rank, args.rank, f"file://{args.run_dir / 'store'}",
                       lambda phase: heartbeat.beat(args.run_dir, args.rank, phase))
-    write_atomic(result_path(args.run_dir, args.rank), json.dumps({**result, "env": env}, ensure_ascii=False))
+    write_text_atomic(result_path(args.run_dir, args.rank), json.dumps({**result, "env": env}, ensure_ascii=False))
     heartbeat.beat(args.run_dir, args.rank, "done")
     import torch.distributed as dist
 
