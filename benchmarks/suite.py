@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import harness
 
-FAMILIES = ("ops", "gemm", "moe", "engine_decode", "prefill")
+FAMILIES = ("ops", "gemm", "moe", "engine_decode", "prefill", "engine_ep")
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -3,6 +3,8 @@ and the byte and FLOP accounting behind the engine's memory floor."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -65,3 +67,24 @@ def test_decode_floor_grows_with_experts_hit_and_context():
     assert model.expected_experts_hit(64, 6, 32) == pytest.approx(64 * (1 - (58 / 64) ** 32))
     kv_row = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2 * cfg["num_hidden_layers"]
     assert model.decode_step_bytes(cfg, 1, 100) - one == pytest.approx(100 * kv_row)
+
+
+def _tokens_file(path, sequences):
+    lines = [json.dumps({"rank": rank, "prompt_index": i, "prompt": f"p{i}", "token_ids": ids, "logprobs": [0.0] * len(ids),
+                         "top2_margin": [0.25 * (k + 1) for k in range(len(ids))], "text": ""})
+             for rank in range(2) for i, ids in enumerate(sequences)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_ep_rows_say_how_tokens_compare_with_ep1(tmp_path):
+    from benchmarks import engine_ep
+
+    ep1 = _tokens_file(tmp_path / "ep1.jsonl", [[5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]])
+    same = _tokens_file(tmp_path / "same.jsonl", [[5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]])
+    assert engine_ep.versus_ep1(ep1, same) == "tokens vs EP=1: 3/3 identical"
+    other = _tokens_file(tmp_path / "other.jsonl", [[5, 6, 7, 8], [1, 2, 0, 4], [9, 0, 9, 9]])
+    assert engine_ep.versus_ep1(ep1, other) == ("tokens vs EP=1: 1/3 identical; others diverge (near-tie), "
+                                               "earliest at token 1, EP=1 top-2 margin 0.500")
+    assert len(engine_ep.prompts(32)) == 32 and engine_ep.prompts(32) == engine_ep.prompts(32)
+    assert {len(p) for p in engine_ep.prompts(32)} == {engine_ep.PROMPT} and len(set(engine_ep.prompts(32))) == 32

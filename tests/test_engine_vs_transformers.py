@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from kernels import registry
 from engine_checkpoints import (YARN, fp8_checkpoint, oracle_logits, random_model, rel_err, run_steps, save_checkpoint,
                                 tiny_config, torch_backend_one_thread)
 
@@ -35,8 +36,14 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_backend():
+@pytest.fixture(autouse=True)
+def _backend(request):
+    """CPU tests run the torch references; GPU tests the default backend (the Triton kernels)."""
+    if request.node.get_closest_marker("gpu"):
+        registry.reset()
+        yield
+        registry.reset()
+        return
     with torch_backend_one_thread():
         yield
 

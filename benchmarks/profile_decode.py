@@ -1,0 +1,136 @@
+"""Where a decode step of the ~4.6B benchmark model spends its time (CUDA graphs on).
+``python -m benchmarks.profile_decode [--model-dir DIR] [--batches 1,32] [--out FILE]``.
+
+For each batch: the median wall time of a whole engine step (schedule, pack, replay, logits,
+sample, tokens back to the host); the GPU time of the captured forward alone (CUDA events
+around ``graph.replay()`` of that batch size, inputs unchanged); and a ``torch.profiler`` trace
+of a few steps with every kernel the GPU ran (CUPTI records the kernels a graph launches), summed
+per kernel name and per step. GPU busy per step against the wall step says how much of the step
+is host work the GPU waits on; the kernel table says which kernels the GPU time goes to. Writes
+the tables as markdown to ``--out`` (and prints them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from . import harness, model
+from .engine_decode import PROMPT, engine_run
+
+PROFILED_STEPS, TOP = 8, 14
+
+
+def replay_ms(llm, batch: int) -> float:
+    """Median GPU milliseconds of one replay of the decode graph that serves ``batch`` rows."""
+    graphs = llm.runner.graphs
+    size = next(s for s in graphs.batch_sizes if s >= batch)
+    graph = graphs.graphs[size]
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[5:])
+
+
+def _device_time_us(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return getattr(event, name)
+    return 0.0
+
+
+def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], int]:
+    """Kernel name -> (GPU microseconds, launches) over PROFILED_STEPS decode steps; and the steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=PROFILED_STEPS + 4, ignore_eos=True)
+    gen = torch.Generator().manual_seed(7)
+    for prompt in torch.randint(2, model.CONFIG["vocab_size"], (batch, PROMPT), generator=gen).tolist():
+        llm.add_request(prompt, params)
+    llm.step()  # the prefill, outside the trace
+    llm.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_STEPS):
+            llm.step()
+        torch.cuda.synchronize()
+    while not llm.scheduler.is_finished():
+        llm.step()
+    kernels: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
+    for event in prof.key_averages():
+        if str(getattr(event, "device_type", "")).endswith("CUDA") and _device_time_us(event) > 0:
+            total, count = kernels[event.key]
+            kernels[event.key] = (total + _device_time_us(event), count + event.count)
+    return dict(kernels), PROFILED_STEPS
+
+
+def report(llm, batch: int, copy_bps: float) -> str:
+    from .engine_decode import graphs_off
+
+    _, steps = engine_run(llm, batch, 48, seed=300 + batch)
+    wall_ms = statistics.median(steps) * 1e3
+    graph_ms = replay_ms(llm, batch)
+    kernels, n = profile_steps(llm, batch)
+    busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
+    traced = "graph replays"
+    if busy_ms < 0.5 * graph_ms:  # this profiler did not see the kernels a graph launches
+        with graphs_off(llm):
+            kernels, n = profile_steps(llm, batch)
+        busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
+        traced = "eager steps (the profiler saw no kernels inside graph replays; the same kernels run)"
+    launches = sum(c for _, c in kernels.values()) / n
+    floor_ms = model.decode_step_bytes(model.CONFIG, batch, PROMPT + 24) / copy_bps * 1e3
+    lines = [f"### Decode step, batch {batch} (CUDA graphs on)", "",
+             f"- wall time of an engine step (median): {wall_ms:.3f} ms; memory floor {floor_ms:.3f} ms "
+             f"({copy_bps / 1e12:.2f} TB/s copy)",
+             f"- GPU time of the captured forward alone (graph replay): {graph_ms:.3f} ms",
+             f"- GPU busy per step in a trace of {traced} ({launches:.0f} kernels per step): {busy_ms:.3f} ms; "
+             f"the rest of the wall step, {max(wall_ms - busy_ms, 0):.3f} ms, the GPU waits on the host",
+             "", "| kernel | ms per step | launches per step | share of GPU busy |", "|---|---|---|---|"]
+    for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:TOP]:
+        lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} | {100 * us / 1e3 / n / busy_ms:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_decode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
+    parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
+    parser.add_argument("--out", type=Path, help="markdown file to write the tables to")
+    args = parser.parse_args(argv)
+    reason = harness.no_gpu_reason()
+    if reason:
+        print(f"profile_decode: {reason}; nothing measured", file=sys.stderr)
+        return 0
+    from engine import LLM
+
+    batches = [int(b) for b in args.batches.split(",")]
+    ckpt = model.checkpoint(args.model_dir)
+    copy_bps = harness.copy_bandwidth()
+    llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=max(batches), max_model_len=PROMPT + 128 + 16)
+    for batch in batches:
+        engine_run(llm, batch, 4, seed=batch)  # compile and tune outside the measured runs
+    env = harness.environment()
+    text = f"## Decode profile {env['date']} ({env['device']}, torch {env['torch']}, Triton {env['triton']})\n\n"
+    text += "\n".join(report(llm, batch, copy_bps) for batch in batches)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
