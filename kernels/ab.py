@@ -272,8 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     versions = probe()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
+    last = [time.perf_counter()]
+
     def progress(result: CaseResult) -> None:
+        now = time.perf_counter()
+        seconds, last[0] = now - last[0], now
         if result.status != FAILED:
+            print(f"{result.status} {result.op}/{result.case} ({seconds:.1f} s)", file=sys.stderr, flush=True)
             return
         bad = [d for d in result.outputs if d.status == DIFFERS]
         where = "; ".join(f"{d.output}{d.first_diff or ''} differs ({d.detail})" for d in bad)

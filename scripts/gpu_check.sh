@@ -3,13 +3,16 @@
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (run from the repo root on a CUDA host)
 # Writes logs and JSON into OUT_DIR and prints a short table last. STEPS (comma-separated,
 # default all, in this order) picks the steps:
-#   tests      pytest -m gpu (engine vs transformers bf16, CUDA graphs, EP over NCCL, graph replay)
+#   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
+#              EP over NCCL, graph replay)
 #   probe      python -m kernels.probe (7 Triton feature checks, PTX target)
-#   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all)
+#   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
+#              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
 #   native     python -m engine.csrc.build, then the _C tests (in the background from the start)
-#   bench      python -m benchmarks.<family>, each its own step, for the families in BENCH
+#   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
+#              for the families in BENCH
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
 set -u
@@ -51,9 +54,9 @@ per_test=()
 $PY -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 # The full-shape A/B of the fused kernels is the ab step's job, not repeated here.
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
-  --continue-on-collection-errors -k "not full_shapes_match_the_reference"
+  --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
 want probe && step probe 60 $PY -m kernels.probe --json "$OUT/probe.json"
-want ab && ENGINE_OPS_TUNE=0 step ab-full 150 $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
+want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
   if command -v invoke >/dev/null; then
     step e2e 150 invoke e2e --artifacts "$OUT/artifacts"

@@ -116,6 +116,47 @@ def oracle_logits(model, token_ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([token_ids])).logits[0].float()
 
 
+def routing_margins(model, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' logits [T, vocab] (fp32) for ``token_ids`` and, per position, the smallest
+    routing margin over its MoE layers: how far the DeepSeek-V3 gate was from choosing other
+    experts (the gap between the last kept and the first dropped group score, and between the
+    k-th and (k+1)-th expert score among the kept groups; +inf where a layer keeps everything).
+    Under a margin of a few bf16 rounding steps, two correct bf16 implementations may route a
+    token differently, which changes that position's output by far more than rounding does."""
+    cfg = model.config
+    per_layer: list[torch.Tensor] = []
+
+    def record(router, inputs, _output):
+        hidden = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
+        scores = torch.nn.functional.linear(hidden, router.weight.float()).sigmoid() + router.e_score_correction_bias.float()
+        per_layer.append(_gate_margin(scores, cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok))
+
+    routers = [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+    hooks = [r.register_forward_hook(record) for r in routers]
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            logits = model(torch.tensor([token_ids], device=device)).logits[0].float().cpu()
+    finally:
+        for h in hooks:
+            h.remove()
+    margins = torch.stack(per_layer).min(dim=0).values.cpu() if per_layer else torch.full((len(token_ids),), float("inf"))
+    return logits, margins
+
+
+def _gate_margin(scores: torch.Tensor, n_group: int, topk_group: int, top_k: int) -> torch.Tensor:
+    tokens, experts = scores.shape
+    size = experts // n_group
+    groups = scores.view(tokens, n_group, size).topk(min(2, size), dim=-1).values.sum(-1)
+    inf = torch.full((tokens,), float("inf"), device=scores.device)
+    ranked = groups.sort(dim=-1, descending=True).values
+    group_margin = ranked[:, topk_group - 1] - ranked[:, topk_group] if topk_group < n_group else inf
+    kept = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, groups.topk(topk_group, dim=-1).indices, True)
+    candidates = scores.masked_fill(~kept.repeat_interleave(size, dim=1), float("-inf")).sort(dim=-1, descending=True).values
+    expert_margin = candidates[:, top_k - 1] - candidates[:, top_k] if top_k < topk_group * size else inf
+    return torch.minimum(group_margin, expert_margin)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """``max|a - b| / max|b|`` (the project's tolerance measure, see kernels/tolerance.py)."""
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())

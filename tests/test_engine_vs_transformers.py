@@ -22,8 +22,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from kernels import registry
-from engine_checkpoints import (YARN, fp8_checkpoint, oracle_logits, random_model, rel_err, run_steps, save_checkpoint,
-                                tiny_config, torch_backend_one_thread)
+from engine_checkpoints import (YARN, fp8_checkpoint, oracle_logits, random_model, rel_err, routing_margins, run_steps,
+                                save_checkpoint, tiny_config, torch_backend_one_thread)
 
 STEPS = 32
 FP32_RTOL = 1e-4
@@ -120,6 +120,7 @@ def test_fp8_checkpoint_matches_transformers_on_dequantized_weights(tmp_path):
 
 TINY = Path(__file__).resolve().parent.parent / "engine" / "tiny" / "checkpoint"
 BF16_RTOL = 2e-2
+ROUTING_NEAR_TIE = 5e-3  # gate score units (sigmoid + bias); the flips seen on the trained checkpoint: 8e-4, 1.4e-4
 
 
 def _gpu_checkpoints(tmp_path) -> list[tuple[Path, bool]]:
@@ -154,21 +155,44 @@ def _clear(ref: torch.Tensor, trained: bool) -> torch.Tensor:
 
 @pytest.mark.gpu
 def test_gpu_bf16_matches_transformers_bf16(tmp_path):
+    check_bf16_against_transformers(tmp_path, "cuda")
+
+
+def test_cpu_bf16_torch_backend_matches_transformers_bf16(tmp_path):
+    check_bf16_against_transformers(tmp_path, "cpu")
+
+
+def check_bf16_against_transformers(tmp_path, device: str) -> None:
+    """Logit rows within BF16_RTOL of transformers' up to the first position where the
+    reference's own routing is a near-tie (margin under ROUTING_NEAR_TIE): from there on bf16
+    rounding may send a token to other experts in either implementation, which changes that
+    position's output, and through attention every later row, far beyond rounding. (Measured on
+    the trained checkpoint: flips at margins 1.4e-4 to 1.2e-3 moved rows by up to 0.18; fp32
+    matches to 5e-4 everywhere.) The random model routes to every expert, so all of its rows are
+    checked; the trained model's tokens must equal the reference's greedy tokens everywhere."""
     from transformers import DeepseekV3ForCausalLM
 
     for ckpt, trained in _gpu_checkpoints(tmp_path):
-        model = DeepseekV3ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
-        llm = LLM(ckpt, dtype="bfloat16", device="cuda", block_size=16)
+        model = DeepseekV3ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="eager").to(device).eval()
+        llm = LLM(ckpt, dtype="bfloat16", device=device, block_size=16)
         # The trained model is compared on its answers (up to EOS): past EOS it was never trained
         # and its margins there are near-ties that bf16 rounding may flip either way.
         seqs, logits = run_steps(llm, _gpu_prompts(ckpt), SamplingParams(max_tokens=STEPS, ignore_eos=not trained))
+        checked = total = 0
         for seq in seqs:
             prompt, tokens = seq.token_ids[: seq.num_prompt_tokens], seq.completion_token_ids
-            with torch.no_grad():
-                ref = model(torch.tensor([prompt + tokens], device="cuda")).logits[0].float().cpu()[len(prompt) - 1 : -1]
-            assert rel_err(torch.stack(logits[seq.seq_id]), ref) <= BF16_RTOL, f"{ckpt.name}: request {seq.seq_id}"
+            ref, margins = routing_margins(model, prompt + tokens)
+            ref = ref[len(prompt) - 1 : -1]
+            ties = (margins < ROUTING_NEAR_TIE).nonzero().flatten().tolist()
+            rows = min(len(tokens), max(0, ties[0] - (len(prompt) - 1))) if ties else len(tokens)
+            ours = torch.stack(logits[seq.seq_id])
+            if rows:
+                assert rel_err(ours[:rows], ref[:rows]) <= BF16_RTOL, f"{ckpt.name}: request {seq.seq_id}"
+            checked, total = checked + rows, total + len(tokens)
             must = _clear(ref, trained)
+            must[rows:] &= trained  # past a routing near-tie only the trained model's tokens are pinned
             assert ref.argmax(-1)[must].tolist() == torch.tensor(tokens)[must].tolist(), f"{ckpt.name}: request {seq.seq_id}"
+        assert trained or checked == total, f"{ckpt.name}: the random model routes to every expert, yet has near-ties"
 
 
 @pytest.mark.gpu
