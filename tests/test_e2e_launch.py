@@ -124,6 +124,8 @@ def test_a_hung_rank_is_caught_by_the_watchdog(tmp_path):
     report = launch.report()
     assert report["reason"].startswith("hang:") and report["failure"]["rank"] in range(4)
     assert report["ranks"][2]["state_at_end"] == "stopped"
+    waiting = [r for r in (0, 1, 3) if "(most recent call first)" in (tmp_path / f"rank{r}.log").read_text()]
+    assert waiting == [0, 1, 3]  # the watchdog had the live ranks write where they wait
     assert alive_with_run_id(launch.run_id) == []
 
 

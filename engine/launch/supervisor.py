@@ -31,6 +31,7 @@ from .job import Job
 
 EXIT_OK, EXIT_RANK_FAILED, EXIT_TIMEOUT = 0, 1, 124
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+STACK_DUMP_WAIT_S = 1.0
 GRACE_S = 2.0
 PROC_STATES = {"R": "running", "S": "sleeping", "D": "disk-wait", "T": "stopped", "t": "traced", "Z": "zombie"}
 
@@ -145,8 +146,20 @@ class Supervisor:
         if not stalled:
             return None
         rank = max(stalled, key=lambda r: stalled[r].age_s)
+        self._dump_stacks()
         return Outcome(EXIT_RANK_FAILED, f"hang: rank {rank} made no progress for {stalled[rank].age_s:.0f} s "
                        f"(last phase {stalled[rank].phase!r}; --hang-timeout {self.job.hang_timeout:g} s)", rank)
+
+    def _dump_stacks(self) -> None:
+        """Ask every live rank to write its Python stacks into its log (SIGUSR1, see the worker),
+        so a hang's report shows where each rank waits."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(STACK_DUMP_WAIT_S)
 
     def _stop_all(self) -> list[RankState]:
         """Record each rank's state, then SIGTERM (+SIGCONT), SIGKILL after the grace period, reap."""

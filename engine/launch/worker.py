@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent(args.parent_pid)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher's watchdog asks for stacks on a hang
     env = rank_env.apply(os.environ, rank_env.quirks(single_host=True)["settings"])
     job = Job.load(args.run_dir / "job.json")
     result = run_rank(job, args.rank, args.rank, f"file://{args.run_dir / 'store'}",
