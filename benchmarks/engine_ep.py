@@ -48,7 +48,7 @@ def launch(model_dir: Path, world: int, batch: int, out: Path) -> dict:
     prompt_file.write_text(json.dumps(prompts(batch)))
     argv = [sys.executable, "-m", "engine.launch", "--world-size", str(world), "--model", str(model_dir),
             "--prompts", str(prompt_file), "--max-tokens", str(NEW), "--ignore-eos", "--device", "cuda",
-            "--out", str(out / "run"), "--timeout", "900"]
+            "--out", str(out / "run"), "--timeout", "900", "--hang-timeout", "60"]
     print(f"engine_ep: EP={world} b{batch}: {' '.join(argv)}", flush=True)
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     return json.loads((out / "run" / "report.json").read_text())
@@ -78,7 +78,8 @@ def versus_ep1(ep1_tokens: Path, tokens: Path) -> str:
 def measure(args) -> list[Row]:
     world = args.world_size or torch.cuda.device_count()
     ckpt = model.checkpoint(args.model_dir)
-    torch.cuda.empty_cache()  # the launcher's ranks need the GPUs' memory
+    if torch.cuda.is_initialized():  # a checkpoint was just made here: free its memory for the ranks
+        torch.cuda.empty_cache()
     rows = []
     for batch in BATCHES:
         runs = {ep: args.runs / f"ep{ep}-b{batch}" for ep in sorted({1, world})}
