@@ -284,3 +284,22 @@ def test_full_shapes_match_the_reference_on_the_gpu(op_name):
 
     results = ab.run_cases([registry.get(op_name)], "triton", quick=False, seed=ab.DEFAULT_SEED)
     assert results and all(r.status == ab.PASSED for r in results), [(r.case, r.reason, [d.detail for d in r.outputs]) for r in results]
+
+
+def test_every_fused_experts_candidate_fits_hopper_shared_memory():
+    """Triton pipelines ``stages`` copies of each loaded tile through shared memory; a default
+    configuration that needs more than the 227 KiB a Hopper block may use fails to launch where
+    nothing is tuned (ENGINE_OPS_TUNE=0, CUDA-graph capture). As measured on the H200: 64 rows,
+    128-wide bf16 gate/up tiles and 3 stages asked for 245760 bytes."""
+    from kernels.triton import experts as triton_experts
+
+    limit = 232448  # bytes per block on SM90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+    for dtype, fp8 in ((torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
+        elem = 1 if fp8 else dtype.itemsize
+        for dim, inter in ((7168, 2048), (2048, 704), (2048, 1024)):
+            bk_up, bk_down = triton_experts._block_k(dim, fp8, dtype), triton_experts._block_k(inter, fp8, dtype)
+            for pairs in (6, 192, 4096, 32768):
+                for c in triton_experts.candidates(pairs, 64, fp8, dtype):
+                    up = c.stages * (c.block_m + 2 * c.block_n_up) * bk_up * elem
+                    down = c.stages * (c.block_m + c.block_n_down) * bk_down * elem
+                    assert max(up, down) <= limit, (dtype, fp8, dim, pairs, c, up, down)

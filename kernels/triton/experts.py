@@ -311,7 +311,10 @@ def candidates(pairs: int, experts: int, fp8: bool, dtype: torch.dtype) -> list[
     narrow tiles give enough programs to fill the SMs (6 pairs x 22 tiles of a 704-wide I).
     Many pairs per expert (prefill) make them compute-bound: 64- or 128-row blocks, wide tiles.
     FP8 gate/up tiles are always 128 wide (one quantization group). fp32 (IEEE dots on CUDA
-    cores) keeps small tiles and two stages, to fit registers and shared memory.
+    cores) keeps small tiles and two stages, to fit registers and shared memory. Every candidate
+    fits Hopper's 227 KiB of shared memory per block: the gate/up stage holds a row block of x
+    and two weight tiles, ``stages * (BLOCK_M + 2 * BLOCK_N) * BLOCK_K`` elements (a 128-wide
+    bf16 tile pair at 64 rows and 3 stages would need 240 KiB).
     """
     if dtype == torch.float32 and not fp8:
         return [Config(16, 32, 32, 4, 4, 2), Config(32, 64, 64, 4, 4, 2)]
@@ -321,7 +324,7 @@ def candidates(pairs: int, experts: int, fp8: bool, dtype: torch.dtype) -> list[
         return [Config(16, up, 64, 4, 4, 4), Config(16, 128 if fp8 else 64, 128, 4, 4, 3)]
     if per_expert < 64:
         return [Config(32, 128 if fp8 else 64, 128, 4, 4, 4), Config(16, up, 64, 4, 4, 4)]
-    return [Config(64, 128, 128, 8, 8, 3), Config(128, 128 if fp8 else 64, 128, 8, 8, 3)]
+    return [Config(64, 128 if fp8 else 64, 128, 8, 8, 3), Config(128, 128 if fp8 else 64, 128, 8, 8, 3)]
 
 
 def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt) -> Config:
