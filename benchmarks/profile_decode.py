@@ -49,8 +49,10 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
-def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], int]:
-    """Kernel name -> (GPU microseconds, launches) over PROFILED_STEPS decode steps; and the steps."""
+def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]], int]:
+    """Over PROFILED_STEPS decode steps: kernel name -> (GPU microseconds, launches); host op name
+    -> (self CPU microseconds, calls), the torch ops and ``record_function`` ranges the host ran;
+    and the number of steps."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine import SamplingParams
@@ -69,25 +71,31 @@ def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], int]:
     while not llm.scheduler.is_finished():
         llm.step()
     kernels: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
+    host: dict[str, tuple[float, int]] = {}
     for event in prof.key_averages():
-        if str(getattr(event, "device_type", "")).endswith("CUDA") and _device_time_us(event) > 0:
-            total, count = kernels[event.key]
-            kernels[event.key] = (total + _device_time_us(event), count + event.count)
-    return dict(kernels), PROFILED_STEPS
+        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            if _device_time_us(event) > 0:
+                total, count = kernels[event.key]
+                kernels[event.key] = (total + _device_time_us(event), count + event.count)
+        elif event.self_cpu_time_total > 0:
+            host[event.key] = (event.self_cpu_time_total, event.count)
+    return dict(kernels), host, PROFILED_STEPS
 
 
 def report(llm, batch: int, copy_bps: float) -> str:
+    from engine import native
+
     from .engine_decode import graphs_off
 
     _, steps = engine_run(llm, batch, 48, seed=300 + batch)
     wall_ms = statistics.median(steps) * 1e3
     graph_ms = replay_ms(llm, batch)
-    kernels, n = profile_steps(llm, batch)
+    kernels, host, n = profile_steps(llm, batch)
     busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
     traced = "graph replays"
     if busy_ms < 0.5 * graph_ms:  # this profiler did not see the kernels a graph launches
         with graphs_off(llm):
-            kernels, n = profile_steps(llm, batch)
+            kernels, _, n = profile_steps(llm, batch)
         busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
         traced = "eager steps (the profiler saw no kernels inside graph replays; the same kernels run)"
     launches = sum(c for _, c in kernels.values()) / n
@@ -101,6 +109,10 @@ def report(llm, batch: int, copy_bps: float) -> str:
              "", "| kernel | ms per step | launches per step | share of GPU busy |", "|---|---|---|---|"]
     for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:TOP]:
         lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} | {100 * us / 1e3 / n / busy_ms:.1f}% |")
+    lines += ["", f"Host side, graph replays traced (self CPU time; the host ops ran `{native.status()['host_ops']}`):", "",
+              "| host op | ms per step | calls per step |", "|---|---|---|"]
+    for name, (us, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[:TOP]:
+        lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} |")
     return "\n".join(lines) + "\n"
 
 
