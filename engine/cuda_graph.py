@@ -1,11 +1,12 @@
 """Decode steps captured as CUDA graphs (on by default on CUDA; ``enforce_eager=True`` turns them off).
 
 One graph per batch size in :attr:`DecodeGraphs.batch_sizes`, captured largest first into one
-shared memory pool, all reading static input buffers. A step copies its packed metadata into
-the buffers, pads the batch to the next captured size (padding rows: slot -1, so nothing is
-written to the cache, and context length 0, so their attention is zero) and replays. The
-model forward of a decode step has fixed shapes and no host synchronization, which is what
-makes it capturable.
+shared memory pool. A graph holds the whole step after its inputs arrive: the forward, the
+logits and the sampling, reading the device side of one :class:`engine.decode_inputs.DecodeInputs`
+and writing the logits and the packed results (:func:`engine.sampler.sample_packed`). A step
+stages its rows (padded to the next captured size: slot -1, so nothing is written to the
+cache, context length 0, so their attention is zero) and replays. The forward of a decode step
+has fixed shapes and no host synchronization, which is what makes it capturable.
 
 Under expert parallelism the MoE exchange is captured too: ``prepare(batch)`` sets it up before
 each batch size is warmed up and captured (all ranks capture the same sizes in the same order),
@@ -18,7 +19,9 @@ from typing import Callable
 
 import torch
 
+from .decode_inputs import DecodeInputs
 from .layers.attention import AttentionMeta
+from .sampler import SamplingBatch, sample_packed
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -31,14 +34,9 @@ class DecodeGraphs:
     def __init__(self, model, max_batch: int, width: int, device: torch.device, prepare: Callable[[int], None] | None = None):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_batch)
-        i64 = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(max_batch, **i64)
-        self.positions = torch.zeros(max_batch, **i64)
-        self.slots = torch.full((max_batch,), -1, **i64)
-        self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=device)
-        self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.inputs = DecodeInputs(max_batch, width, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         pool = None
         for bs in reversed(self.batch_sizes):
             if prepare is not None:
@@ -60,24 +58,23 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.batch_sizes[-1]
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        meta = AttentionMeta(False, self.slots[:bs], block_tables=self.block_tables[:bs], context_lens=self.context_lens[:bs])
-        return self.model(self.input_ids[:bs], self.positions[:bs], meta)
+    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.inputs.on_device
+        meta = AttentionMeta(False, x.slots[:bs], block_tables=x.block_tables[:bs], context_lens=x.context_lens[:bs])
+        logits = self.model.logits(self.model(x.input_ids[:bs], x.positions[:bs], meta))
+        sampling = SamplingBatch(x.temperature[:bs], x.top_k[:bs], x.top_p[:bs], x.seed[:bs], x.step[:bs])
+        return logits, sample_packed(logits, sampling)
 
-    def run(self, input_ids, positions, slots, block_tables, context_lens, batch: int | None = None) -> torch.Tensor:
-        """Hidden states [B, hidden] of one decode step (B <= max_batch; tables of the captured width),
-        replaying the graph of ``batch`` rows (a captured size >= B; default: the smallest that fits)."""
-        b = input_ids.shape[0]
+    def run(self, seqs, packed: list[torch.Tensor], batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of ``seqs`` (their ``pack_decode`` output ``packed``, tables of the captured
+        width) on the graph of ``batch`` rows (a captured size >= B; default: the smallest that fits).
+        Returns views of the graph's outputs, overwritten by the next replay: the fp32 logits
+        [B, vocab] and the packed results [B, 3]."""
+        b = len(seqs)
         bs = batch if batch is not None else next(size for size in self.batch_sizes if size >= b)
         if bs not in self.graphs or bs < b:
             raise ValueError(f"no captured decode graph of {bs} rows for a batch of {b} (captured: {self.batch_sizes})")
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.positions[b:bs].zero_()
-        self.slots[:b].copy_(slots)
-        self.slots[b:bs].fill_(-1)
-        self.block_tables[:b].copy_(block_tables)
-        self.context_lens[:b].copy_(context_lens)
-        self.context_lens[b:bs].zero_()
+        self.inputs.stage(seqs, packed, bs)
         self.graphs[bs].replay()
-        return self.outputs[bs][:b]
+        logits, results = self.outputs[bs]
+        return logits[:b], results[:b]

@@ -3,7 +3,8 @@
 Owns the weights, the paged KV cache (one ``[num_blocks, block_size, kv_lora_rank + rope_dim]``
 tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs. The step's
 metadata is packed into tensors once, on the host, by ``engine._C`` (or its Python twin);
-the forward itself never synchronizes with the host during decode.
+a decode step never synchronizes with the host until its results are read back, in one copy
+(:class:`engine.sampler.ResultReader`).
 
 Under expert parallelism (``EngineConfig.expert_parallel``) each step is first agreed with the
 other ranks (:meth:`engine.parallel.expert_parallel.ExpertParallel.plan_step`), and a rank
@@ -23,14 +24,15 @@ from .loader import CheckpointWeights
 from .models.deepseek_v3 import DeepseekV3
 from .native import host_ops
 from .parallel.expert_parallel import ExpertParallel, StepPlan
-from .sampler import SamplingBatch, sample_tokens
+from .sampler import ResultReader, SamplingBatch, sample_packed
 from .sequence import Sequence
 
 
 @dataclass
 class StepResult:
     """One step's sampled tokens, their logprobs and top-2 margins (per scheduled sequence),
-    and the raw fp32 logits [B, vocab] they came from."""
+    and the raw fp32 logits [B, vocab] they came from (after a graph-replayed step, a view of
+    the graph's output buffer that the next step overwrites: clone it to keep it)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -62,6 +64,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager:
             prepare = self.ep.prepare_capture if self.ep is not None else None
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device, prepare)
+        self.reader = ResultReader(config.max_num_seqs, self.device)
 
     def _default_num_blocks(self, width: int) -> int:
         """Enough for ``max_num_seqs`` full-length sequences; on CUDA at most what
@@ -76,9 +79,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
-        logits = self.forward_logits(seqs, is_prefill)
-        tokens, logprobs, margins = sample_tokens(logits, SamplingBatch.of(seqs, self.device))
-        return StepResult(tokens.tolist(), logprobs.tolist(), margins.tolist(), logits)
+        """Run one step and read its results back (the step's one wait for the device)."""
+        logits, packed = self.launch(seqs, is_prefill)
+        return StepResult(*self.reader.read(packed), logits)
 
     def any_rank_busy(self, busy: bool) -> bool:
         """``busy`` itself; under expert parallelism whether any rank is busy (a collective)."""
@@ -104,25 +107,26 @@ class ModelRunner:
         return [t.to(self.device, non_blocking=True) for t in tensors]
 
     @torch.inference_mode()
-    def forward_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
-        """Raw fp32 logits [len(seqs), vocab] for the next token of each sequence."""
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Enqueue one step up to its sampled tokens: the raw fp32 logits [len(seqs), vocab] and the
+        packed results [len(seqs), 3] (:func:`engine.sampler.sample_packed`), still on the device.
+        A decode step on captured graphs makes no host synchronization."""
         bs = self.config.block_size
         if is_prefill:
             ids, pos, slots, ctx, cu_q, cu_k, last = self._to_device(self.ops.pack_prefill(
                 [s.token_ids for s in seqs], [s.num_cached_tokens for s in seqs], [s.block_table for s in seqs], bs))
             self._plan(ids.shape[0], False)
-            hidden = self.model(ids, pos, AttentionMeta(True, slots, ctx, cu_q, cu_k))[last]
+            logits = self.model.logits(self.model(ids, pos, AttentionMeta(True, slots, ctx, cu_q, cu_k))[last])
+            return logits, sample_packed(logits, SamplingBatch.of(seqs, self.device))
+        plan = self._plan(len(seqs), self.graphs is not None)
+        if plan is None:
+            use_graph, batch = self.graphs is not None and len(seqs) <= self.graphs.max_batch, None
         else:
-            plan = self._plan(len(seqs), self.graphs is not None)
-            if plan is None:
-                use_graph, batch = self.graphs is not None and len(seqs) <= self.graphs.max_batch, None
-            else:
-                use_graph, batch = plan.use_graph, plan.step_tokens
-            width = self.config.max_blocks_per_seq if use_graph else max(len(s.block_table) for s in seqs)
-            ids, pos, slots, tables, lens = self._to_device(self.ops.pack_decode(
-                [s.last_token for s in seqs], [len(s) for s in seqs], [s.block_table for s in seqs], bs, width))
-            if use_graph:
-                hidden = self.graphs.run(ids, pos, slots, tables, lens, batch)
-            else:
-                hidden = self.model(ids, pos, AttentionMeta(False, slots, block_tables=tables, context_lens=lens))
-        return self.model.logits(hidden)
+            use_graph, batch = plan.use_graph, plan.step_tokens
+        width = self.config.max_blocks_per_seq if use_graph else max(len(s.block_table) for s in seqs)
+        packed = self.ops.pack_decode([s.last_token for s in seqs], [len(s) for s in seqs], [s.block_table for s in seqs], bs, width)
+        if use_graph:
+            return self.graphs.run(seqs, packed, batch)
+        ids, pos, slots, tables, lens = self._to_device(packed)
+        logits = self.model.logits(self.model(ids, pos, AttentionMeta(False, slots, block_tables=tables, context_lens=lens)))
+        return logits, sample_packed(logits, SamplingBatch.of(seqs, self.device))

@@ -1,4 +1,8 @@
-"""Token choice through ``sample.sample``, plus each step's top-2 margin from the raw logits."""
+"""Token choice through ``sample.sample``, plus each step's top-2 margin from the raw logits.
+
+A step's results are packed into one ``[B, 3]`` float64 tensor (token id, logprob, margin: all
+exact in float64) so that they come back to the host in one copy and one wait.
+"""
 
 from __future__ import annotations
 
@@ -42,3 +46,30 @@ def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Ten
     chosen = logits.gather(1, tokens[:, None])
     best_other = logits.scatter(1, tokens[:, None], float("-inf")).max(dim=-1).values
     return tokens, logprobs, chosen.squeeze(1) - best_other
+
+
+def sample_packed(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """:func:`sample_tokens` as one ``[B, 3]`` float64 tensor of rows (token id, logprob, top-2 margin)."""
+    tokens, logprobs, margins = sample_tokens(logits, batch)
+    return torch.stack([tokens.double(), logprobs.double(), margins.double()], dim=1)
+
+
+class ResultReader:
+    """Reads packed step results back to the host: one copy into a pinned buffer of
+    ``max_rows`` rows on CUDA, then one wait for the stream."""
+
+    def __init__(self, max_rows: int, device: torch.device):
+        self.device = torch.device(device)
+        self.host = torch.empty(max_rows, 3, dtype=torch.float64, pin_memory=self.device.type == "cuda")
+
+    def read(self, packed: torch.Tensor) -> tuple[list[int], list[float], list[float]]:
+        """``(token ids, logprobs, margins)`` of ``packed`` [B, 3]; waits for the step to finish."""
+        rows = packed.shape[0]
+        if rows > self.host.shape[0]:
+            raise ValueError(f"result reader: {rows} rows, room for {self.host.shape[0]}")
+        host = self.host[:rows]
+        host.copy_(packed, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        tokens, logprobs, margins = host.t().tolist() if rows else ([], [], [])
+        return [int(t) for t in tokens], logprobs, margins

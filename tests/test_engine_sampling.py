@@ -65,3 +65,42 @@ def test_stop_tokens_and_eos_finish_requests(ckpt):
     first = free["token_ids"].index(stop_at)
     stopped = llm.generate(prompts(5, 1), SamplingParams(max_tokens=10, stop_token_ids=(stop_at,)))[0]
     assert stopped["finish_reason"] == "stop" and stopped["token_ids"] == free["token_ids"][: first + 1]
+
+
+def _step_by_step_against_resampling(llm, requests, params):
+    """Run ``requests`` step by step; at every step the engine's tokens, logprobs and margins must be
+    what sampling its own logits with each sequence's parameters, seed and step gives."""
+    from engine.sampler import SamplingBatch, sample_tokens
+
+    seqs = [llm.add_request(p, sp) for p, sp in zip(requests, params)]
+    decode_steps = 0
+    while not llm.scheduler.is_finished():
+        ran, is_prefill = llm.scheduler.schedule()
+        batch = SamplingBatch.of(ran, llm.runner.device)
+        result = llm.runner.run(ran, is_prefill)
+        tokens, logprobs, margins = sample_tokens(result.logits.clone(), batch)
+        assert result.token_ids == tokens.tolist()
+        assert result.logprobs == logprobs.tolist() and result.top2_margins == margins.tolist()
+        llm.scheduler.postprocess(ran, result.token_ids, result.logprobs, result.top2_margins)
+        decode_steps += not is_prefill
+    assert decode_steps >= 10 and len({tuple(s.completion_token_ids) for s in seqs}) == len(seqs)
+
+
+def _mixed_params(n: int) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=12 + i, temperature=0.6 * (i % 3), top_k=4 * (i % 2), top_p=0.8 if i % 4 == 3 else 1.0,
+                           seed=100 + i, ignore_eos=True) for i in range(n)]
+
+
+def test_every_step_samples_its_own_logits_with_each_rows_parameters(ckpt):
+    _step_by_step_against_resampling(LLM(ckpt, block_size=4), prompts(6, 5), _mixed_params(5))
+
+
+@pytest.mark.gpu
+def test_graph_replayed_steps_sample_with_each_rows_parameters(ckpt):
+    """On CUDA the sampling runs inside the captured decode graph, from staged per-row inputs
+    (5 requests replay the 8-row graph: 3 padding rows)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    llm = LLM(ckpt, dtype="bfloat16", device="cuda", block_size=4, max_num_seqs=8)
+    assert llm.runner.graphs is not None
+    _step_by_step_against_resampling(llm, prompts(6, 5), _mixed_params(5))

@@ -60,10 +60,11 @@ def test_decode_graphs_capture_the_nccl_exchange_without_host_sync(nccl_world_of
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        logits = llm.runner.forward_logits(decode, is_prefill=False)  # a whole decode step up to the logits
+        logits, packed = llm.runner.launch(decode, is_prefill=False)  # a whole decode step up to its sampled tokens
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (len(decode), llm.config.model.vocab_size) and torch.isfinite(logits).all()
+    assert torch.equal(packed[:, 0].long(), logits.argmax(dim=-1))  # greedy requests
 
 
 def test_nccl_world_of_one_generates_what_one_process_does(nccl_world_of_one):
