@@ -184,6 +184,9 @@ def test_decode_split_count_depends_on_shapes_only():
     assert all(1 <= s <= 64 for s in splits)
     assert splits == [attn.decode_splits(*shape) for shape in shapes]  # a function of the shapes alone
     assert max(splits) > 1  # small batches over long contexts do split
+    for (b, h, _, sms), n in zip(shapes, splits):  # one wave of two programs per SM, unless the batch alone needs more
+        programs = b * -(-h // 16)
+        assert programs * n <= max(2 * sms, programs)
 
 
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache
@@ -208,6 +211,11 @@ def test_fp8_cache_from_store_to_decode():
     assert rel_err(out, mla_decode_reference(*args, kv_scale=scale)) <= 1e-2
     dequantized = (cache.float() * scale[..., None]).to(torch.bfloat16)
     assert rel_err(out, mla_decode_reference(*args[:1], dequantized, *args[2:])) <= 2e-2
+    # Large queries (beyond fp16's range) against the FP8 cache.
+    args[0] = args[0] * 3e5
+    args[4] = args[4] / 3e5
+    out = attn.mla_decode_splits(*args, scale, 2)
+    assert torch.isfinite(out).all() and rel_err(out, mla_decode_reference(*args, kv_scale=scale)) <= 1e-2
 
 
 def test_store_accepts_strided_rows_and_rejects_a_missing_scale():
@@ -246,6 +254,35 @@ def test_engine_on_triton_kernels_matches_the_torch_backend(tmp_path, monkeypatc
 
 
 # ----------------------------------------------------------------------------- GPU: CUDA-graph capture
+
+
+@pytest.mark.gpu
+def test_row_division_is_bitwise_ieee_division():
+    """div_rows_rn (reciprocal per row + Markstein correction) against div_rn on 16M quotients:
+    random rows, quotients at fp8 rounding boundaries, and signed zeros."""
+    import triton.language as tl
+
+    from kernels.triton.common import div_rows_rn
+
+    @triton.jit
+    def both(x_ptr, d_ptr, fast_ptr, exact_ptr, N: tl.constexpr):
+        rows = tl.program_id(0) * 4 + tl.arange(0, 4)
+        offs = rows[:, None] * N + tl.arange(0, N)[None, :]
+        x, d = tl.load(x_ptr + offs), tl.load(d_ptr + rows)
+        tl.store(fast_ptr + offs, div_rows_rn(x, d, True))
+        tl.store(exact_ptr + offs, tl.math.div_rn(x, d[:, None]))
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, n = 16384, 1024
+    amax = torch.rand(rows, device="cuda", generator=gen) * 30 + 1e-4
+    d = amax / 448.0
+    x = (torch.rand(rows, n, device="cuda", generator=gen) * 2 - 1) * amax[:, None]
+    ties = torch.arange(n, device="cuda", dtype=torch.float32) / 16  # multiples of fp8 half-spacings
+    x[: rows // 2] = ties * d[: rows // 2, None] * torch.where(torch.rand(rows // 2, n, device="cuda", generator=gen) < 0.5, -1, 1)
+    x[0, :2] = torch.tensor([0.0, -0.0])
+    fast, exact = torch.empty_like(x), torch.empty_like(x)
+    both[(rows // 4,)](x, d, fast, exact, N=n)
+    assert torch.equal(fast.view(torch.int32), exact.view(torch.int32))
 
 
 @pytest.mark.gpu

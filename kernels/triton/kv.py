@@ -3,8 +3,9 @@
 A row's latent and rope parts are loaded as two tiles (each padded to a power of two), so a
 576-wide DeepSeek-V3 row moves as 512 + 64 elements with no idle lanes. Padding rows (negative
 slots) are masked out of every store: nothing is written for them. With an FP8 cache the row's
-amax, scale and codes are computed in registers, with the reference's IEEE division and
-round-to-nearest-even, so codes and scales are bitwise equal to it.
+amax, scale and codes are computed in registers, with the reference's IEEE division (as
+:func:`div_rows_rn`: a reciprocal per row and two FMAs per element) and round-to-nearest-even,
+so codes and scales are bitwise equal to it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
-from .common import compiled_for_gpu, fp8e4m3_bits, round_to_dtype, rows_per_program
+from .common import compiled_for_gpu, div_rows_rn, fp8e4m3_bits, round_to_dtype, rows_per_program
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -23,7 +24,7 @@ _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 @triton.jit
 def _fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
     """uint8 codes of fp32 tile ``x`` [rows, n] divided by its row's ``scale`` [rows]."""
-    q = tl.math.div_rn(x, scale[:, None])
+    q = div_rows_rn(x, scale, HARDWARE_CAST)
     return fp8e4m3_bits(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), HARDWARE_CAST)
 
 
@@ -67,7 +68,7 @@ def store(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: 
         _store_kernel[(triton.cdiv(n_rows, rows),)](
             latent, rope, slots, cache.view(torch.uint8) if fp8 else cache, scale if fp8 else cache,
             n_rows, latent.stride(0), rope.stride(0), RANK=rank, ROPE=rope_dim, BLOCK_R=block_r,
-            BLOCK_D=block_d, ROWS=rows, FP8_CACHE=fp8, HARDWARE_CAST=compiled_for_gpu(), num_warps=4,
+            BLOCK_D=block_d, ROWS=rows, FP8_CACHE=fp8, HARDWARE_CAST=compiled_for_gpu(), num_warps=2,
         )
     return (cache, scale) if fp8 else cache
 
