@@ -14,6 +14,8 @@
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
+#   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
+#              default all, at their benchmark shapes; raw metrics in OUT/ncu.jsonl)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
 set -u
 OUT=${1:-${OUT:-artifacts/gpu-check}}
@@ -21,7 +23,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,profile},
+STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
 declare -a ROWS
 
@@ -74,6 +76,7 @@ if want bench; then
   done
 fi
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
+want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --csv "$OUT/ncu.jsonl"
 
 echo
 echo "step           status    time  last line"

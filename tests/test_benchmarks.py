@@ -88,3 +88,31 @@ def test_ep_rows_say_how_tokens_compare_with_ep1(tmp_path):
                                                "earliest at token 1, EP=1 top-2 margin 0.500")
     assert len(engine_ep.prompts(32)) == 32 and engine_ep.prompts(32) == engine_ep.prompts(32)
     assert {len(p) for p in engine_ep.prompts(32)} == {engine_ep.PROMPT} and len(set(engine_ep.prompts(32))) == 32
+
+
+def test_ncu_summary_reads_recorded_h200_counters():
+    """ncu's raw CSV as it prints it (metrics recorded on an H200, trimmed to the columns the
+    summary reads): one row per kernel, limiter and stall ranking derived from the counters."""
+    from pathlib import Path
+
+    from benchmarks import ncu
+
+    kernels = ncu.parse_raw((Path(__file__).parent / "data" / "ncu_raw_h200.csv").read_text())
+    assert [k["Kernel Name"].split("(")[0] for k in kernels] == ["_store_kernel", "_decode_kernel", "_merge_kernel"]
+    store, decode, _ = (ncu.summarize("case", k) for k in kernels)
+    assert store["time us"] == pytest.approx(40.0, abs=0.05) and store["DRAM %"] == pytest.approx(52.5, abs=0.05)
+    assert decode["regs"] == 222 and decode["blocks/SM limit"] == "2 by registers"
+    names = [entry.split()[0] for entry in decode["top stalls"].split(", ")]
+    assert names[0] == "wait" and len(names) == 3 and "selected" not in names
+    assert store["top stalls"].split(",")[0] == "long_scoreboard 5.1"
+    table = ncu.table([store, decode])
+    assert table.count("\n") == 3 and "| _decode_kernel |" in table
+    assert ncu.parse_raw("==PROF== no kernels were profiled\n") == []
+
+
+def test_ncu_refuses_unknown_cases_and_skips_without_a_gpu(capsys):
+    from benchmarks import ncu
+
+    assert ncu.main(["--cases", "nope"]) == 2 and "unknown case" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert ncu.main([]) == 0 and "nothing profiled" in capsys.readouterr().err
