@@ -21,18 +21,26 @@ from .harness import Row
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
 
 
+def operands(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """``(a, a_scale, b, b_scale)`` of one shape: random bf16 activations quantized per 128-token
+    group, random weights quantized in 128 x 128 blocks (on the GPU)."""
+    from kernels.ops.quant import quantize_weight
+    from kernels.triton.quant import act_quant
+
+    a, sa = act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    b, sb = quantize_weight(torch.randn(n, k, device="cuda") * k ** -0.5)
+    return a, sa, b, sb
+
+
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
-    from kernels.ops.quant import quantize_weight
     from kernels.triton.gemm import fp8_block
-    from kernels.triton.quant import act_quant
 
     ceiling = harness.fp8_gemm_flops()
     copy = harness.copy_bandwidth()
     rows = []
     for m, n, k in SHAPES:
-        a, sa = act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-        b, sb = quantize_weight(torch.randn(n, k, device="cuda") * k ** -0.5)
+        a, sa, b, sb = operands(m, n, k)
         ms = harness.median_ms(lambda: fp8_block(a, sa, b, sb, torch.bfloat16), graph=m <= 128)
         peer_ms = harness.median_ms(harness.scaled_mm_rowwise(m, n, k), graph=m <= 128)
         flops = 2 * m * n * k

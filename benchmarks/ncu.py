@@ -1,5 +1,5 @@
 """Hardware counters (Nsight Compute) for the kernels whose benchmark rows miss their goal, at the
-benchmark's own shapes. ``python -m benchmarks.ncu [--cases a,b] [--out FILE] [--csv FILE]``.
+benchmark's own shapes. ``python -m benchmarks.ncu [--cases a,b] [--out FILE] [--raw FILE]``.
 
 Each case runs in its own process under ``ncu --profile-from-start off``: the process builds the
 inputs of the benchmark row (:mod:`benchmarks.ops`, :mod:`benchmarks.gemm`), runs the op once to
@@ -7,7 +7,8 @@ compile it, then once between ``cudaProfilerStart`` and ``cudaProfilerStop``; nc
 kernel of that call with the caches flushed and the clocks left alone. Per kernel the table
 gives time, DRAM and SM throughput (% of peak), achieved and theoretical occupancy (and what
 limits the latter), registers, shared memory, waves, the issue slots used, and the three largest
-warp stall reasons (cycles per issued instruction). ``--csv`` keeps ncu's raw output.
+warp stall reasons (cycles per issued instruction). ``--raw`` keeps every metric ncu reported
+(JSON lines, one per kernel).
 """
 
 from __future__ import annotations
@@ -65,13 +66,11 @@ def _call(case: str):
         args, kwargs = make()
         return lambda: impl(*args, **kwargs)
     os.environ["ENGINE_OPS_TUNE"] = "0"
-    from kernels.ops.quant import quantize_weight
     from kernels.triton.gemm import fp8_block
-    from kernels.triton.quant import act_quant
 
-    m, n, k = (int(v) for v in shape.split("x"))
-    a, sa = act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-    b, sb = quantize_weight(torch.randn(n, k, device="cuda") * k ** -0.5)
+    from .gemm import operands
+
+    a, sa, b, sb = operands(*(int(v) for v in shape.split("x")))
     return lambda: fp8_block(a, sa, b, sb, torch.bfloat16)
 
 
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--out", type=Path, help="append the markdown table to this file")
-    p.add_argument("--csv", type=Path, help="write ncu's raw metrics (JSON lines, one per kernel) here")
+    p.add_argument("--raw", type=Path, help="write every metric ncu reported here (JSON lines, one per kernel)")
     p.add_argument("--target", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.target:
@@ -184,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with args.out.open("a") as f:
             f.write(text)
-    if args.csv:
-        args.csv.write_text("\n".join(raw_lines) + "\n")
+    if args.raw:
+        args.raw.write_text("\n".join(raw_lines) + "\n")
     return 0 if rows else 1
 
 

@@ -76,7 +76,7 @@ if want bench; then
   done
 fi
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
-want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --csv "$OUT/ncu.jsonl"
+want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 
 echo
 echo "step           status    time  last line"

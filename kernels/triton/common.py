@@ -60,9 +60,9 @@ def div_rows_rn(x, divisor, COMPILED: tl.constexpr):
 
     Compiled: one IEEE reciprocal per row, then per element a product and Markstein's correction
     (``q = x * r``, ``q + fma(-q, d, x) * r``), which is the correctly rounded quotient when ``r`` is
-    the correctly rounded reciprocal and ``q`` is within an ulp; zeros keep their sign. Two FMAs
-    per element instead of a division (the reciprocal unit is shared by four times fewer lanes).
-    Under the interpreter (no fused multiply-add) it is ``div_rn`` itself."""
+    the correctly rounded reciprocal and ``q`` is within an ulp; zeros keep their sign. Per element
+    a multiply and two FMAs instead of a division, whose reciprocal runs on the quarter-rate XU
+    pipe. Under the interpreter, whose numpy FMA would round twice, it is ``div_rn`` itself."""
     if COMPILED:
         r = tl.math.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor)[:, None]
         q = x * r
