@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from invoke import Exit, task
 
 STAGE_HELP = {
     "image": "matrix image (default: local)",
-    "matrix": "matrix file (default: matrix.yaml)",
-    "artifacts": "artifacts folder (default: artifacts)",
+    "matrix": "matrix file (default: the project's matrix.yaml, from any folder)",
+    "artifacts": "artifacts folder (default: the project's artifacts/)",
     "force": "rerun even when the inputs are unchanged",
     "keep": "docker images: keep the stage's container for debugging",
-    "timeout": "seconds per stage (default: the matrix's settings.timeouts)",
+    "timeout": "seconds per stage, > 0 (default: the matrix's settings.timeouts)",
 }
 
 
@@ -26,15 +27,28 @@ def _exit(code: int) -> None:
         raise Exit(code=code)
 
 
-def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: float,
-              world_size: int = 0) -> None:
+def _matrix(matrix: str) -> str:
+    """The matrix file given, else the project's (wherever invoke runs from)."""
+    from bringup.paths import DEFAULT_MATRIX
+
+    return matrix or str(DEFAULT_MATRIX)
+
+
+def _artifacts(artifacts: str) -> str:
+    from bringup.paths import DEFAULT_ARTIFACTS
+
+    return artifacts or str(DEFAULT_ARTIFACTS)
+
+
+def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: str | None,
+              world_size: str | None = None) -> None:
     from bringup.cli import main
 
-    argv = [command, "--image", image, "--matrix", matrix, "--artifacts", artifacts]
+    argv = [command, "--image", image, "--matrix", _matrix(matrix), "--artifacts", _artifacts(artifacts)]
     argv += ["--force"] if force else []
     argv += ["--keep"] if keep else []
-    argv += ["--timeout", str(timeout)] if timeout else []
-    argv += ["--world-size", str(world_size)] if world_size else []
+    argv += ["--timeout", str(timeout)] if timeout is not None else []
+    argv += ["--world-size", str(world_size)] if world_size is not None else []
     _exit(main(argv))
 
 
@@ -45,23 +59,23 @@ def test(c, k="", m="", x=False):
     argv += ["-k", k] if k else []
     argv += ["-m", m] if m else []
     argv += ["-x"] if x else []
-    _exit(subprocess.call(argv))
+    _exit(subprocess.call(argv, cwd=Path(__file__).resolve().parent))
 
 
 @task(help=STAGE_HELP)
-def env(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+def env(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """env stage: probe versions, apply the image's env recipes, guard torch/triton/NCCL."""
     _pipeline("env", image, matrix, artifacts, force, keep, timeout)
 
 
 @task(help=STAGE_HELP)
-def build(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+def build(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """build stage: build the image's build recipes against its own torch, ABI-check the .so files."""
     _pipeline("build", image, matrix, artifacts, force, keep, timeout)
 
 
 @task(help=STAGE_HELP)
-def verify(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+def verify(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """verify stage: imports, ops self-check, import with optional packages blocked, Triton probe."""
     _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
 
@@ -70,32 +84,32 @@ E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one 
 
 
 @task(help=E2E_HELP)
-def e2e(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0, world_size=0):
+def e2e(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, world_size=None):
     """e2e stage: N ranks generate the tiny checkpoint's answer key; report tokens per rank and answers."""
     _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size)
 
 
 @task(name="all", help=E2E_HELP)
-def all_stages(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0,
-               world_size=0):
+def all_stages(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None,
+               world_size=None):
     """env -> build -> verify -> ab (with its dump) -> e2e for one image."""
     _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size)
 
 
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",
             "matrix": "matrix file (default: matrix.yaml)", "force": "rebuild even when the tag exists"})
-def image(c, name, matrix="matrix.yaml", force=False):
+def image(c, name, matrix="", force=False):
     """Make a docker image: an offline base (debootstrap -> docker import) or a matrix image."""
     from bringup.cli import main
 
-    _exit(main(["image", "--name", name, "--matrix", matrix] + (["--force"] if force else [])))
+    _exit(main(["image", "--name", name, "--matrix", _matrix(matrix)] + (["--force"] if force else [])))
 
 
 @task(help={"ops": "op names or globs", "backend": "backend to test", "quick": "small shapes",
             "dump": "save outputs into DIR", "compare": "compare with the dump in DIR", "json": "write results as JSON",
             **{k: f"{v} (the ab stage: with --image)" for k, v in STAGE_HELP.items()}})
 def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
-       image="", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+       image="", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """A/B every op's backend against its torch reference.
 
     Without --image: runs python -m kernels.ab here, with its flags. With --image: the ab
@@ -106,7 +120,7 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
                                            ("--compare", compare), ("--json", json)) if value]
         if direct:
             print(f"error: {', '.join(direct)}: only for the direct A/B run (without --image); the ab stage always "
-                  f"dumps into {artifacts}/{image}/ab/", file=sys.stderr)
+                  f"dumps into {_artifacts(artifacts)}/{image}/ab/", file=sys.stderr)
             raise Exit(code=2)
         _pipeline("ab", image, matrix, artifacts, force, keep, timeout)
         return
@@ -123,36 +137,36 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
             "reference": "image to diff against (default: the matrix's reference)",
             "near_tie_margin": "top-2 margin under which a token divergence is a near-tie (default: the matrix's settings.diff)",
             "matrix": STAGE_HELP["matrix"], "artifacts": STAGE_HELP["artifacts"]})
-def diff(c, images="", reference="", near_tie_margin="", matrix="matrix.yaml", artifacts="artifacts"):
+def diff(c, images="", reference="", near_tie_margin="", matrix="", artifacts=""):
     """Diff images against the reference: versions, builds, kernel dumps, tokens, fallbacks (<artifacts>/diff/)."""
     from bringup.diff.run import command
 
-    _exit(command(matrix, artifacts, images, reference, near_tie_margin))
+    _exit(command(_matrix(matrix), _artifacts(artifacts), images, reference, near_tie_margin))
 
 
 @task(help={"artifacts": STAGE_HELP["artifacts"], "matrix": STAGE_HELP["matrix"]})
-def doctor(c, artifacts="artifacts", matrix="matrix.yaml"):
+def doctor(c, artifacts="", matrix=""):
     """Check this host: docker, NVIDIA runtime, GPU holders, leftovers of earlier runs, disk, /dev/shm, IB, versions."""
     from bringup.doctor import command
 
-    _exit(command(artifacts, matrix))
+    _exit(command(_artifacts(artifacts), _matrix(matrix)))
 
 
 @task(help={"artifacts": STAGE_HELP["artifacts"], "dry_run": "only list what would be removed"})
-def clean(c, artifacts="artifacts", dry_run=False):
+def clean(c, artifacts="", dry_run=False):
     """Kill leftover processes and remove labelled containers of runs that are no longer active."""
     from bringup.clean import command
 
-    _exit(command(artifacts, dry_run))
+    _exit(command(_artifacts(artifacts), dry_run))
 
 
 @task(name="matrix", help={"json": "print the GitHub Actions matrix as one JSON line",
                            "images": "comma-separated docker images (default: all)", "matrix": STAGE_HELP["matrix"]})
-def ci_matrix(c, json=False, images="", matrix="matrix.yaml"):
+def ci_matrix(c, json=False, images="", matrix=""):
     """The CI matrix: one job per docker image ({"include": [...]}, used by .github/workflows/bringup.yml)."""
     from bringup.ci import command
 
-    _exit(command(matrix, images, json))
+    _exit(command(_matrix(matrix), images, json))
 
 
 @task(help={"only": "comma-separated families: ops, gemm, moe, engine_decode, prefill, engine_ep (default: all)",

@@ -1,6 +1,7 @@
 """The artifact files, the interface between stages: where they live, their header, atomic writes.
 
-Stdlib only: the in-image side of every stage imports this with nothing but the image's Python.
+Stdlib only (and :mod:`common`): the in-image side of every stage imports this with nothing but the
+image's Python.
 
     artifacts/<image>/env.json                   env stage
     artifacts/<image>/build.json                 build stage (+ logs/build-<target>.log)
@@ -14,22 +15,19 @@ Every stage JSON starts with the keys of :func:`header`.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from datetime import datetime, timezone
+import shutil
 from pathlib import Path
 from typing import Any
 
+from common.clock import utc_now
+from common.files import read_json, write_bytes, write_json, write_text
+
+__all__ = ["read_json", "utc_now", "write_bytes", "write_json", "write_text"]  # the stages' writers
+
 SCHEMA = 1
-PASSED, FAILED, CACHED = "passed", "failed", "cached"
+PASSED, FAILED, CACHED, INTERRUPTED = "passed", "failed", "cached", "interrupted"
 RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
                 "e2e": "e2e/report.json"}
-
-
-def utc_now() -> str:
-    """The current time, ISO 8601 in UTC."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def image_dir(artifacts: Path, image: str) -> Path:
@@ -39,6 +37,14 @@ def image_dir(artifacts: Path, image: str) -> Path:
 def record_path(artifacts: Path, image: str, stage: str) -> Path:
     """The stage's JSON record for ``image``."""
     return image_dir(artifacts, image) / RECORD_FILES[stage]
+
+
+def clear_output(artifacts: Path, image: str, stage: str) -> None:
+    """Remove the folder a stage owns (``ab/``, ``e2e/``: the folder of its record) before it runs
+    again, so that it never holds the last run's files beside the new run's record."""
+    folder = record_path(artifacts, image, stage).parent
+    if folder != image_dir(artifacts, image):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def stage_log(artifacts: Path, image: str, stage: str) -> Path:
@@ -52,36 +58,3 @@ def header(stage: str, image: str, run_id: str, status: str, started: str, ended
             "started": started, "ended": ended, "versions": versions, "inputs_hash": inputs_hash}
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then a rename),
-    readable by everyone (0644); the temporary file is removed when anything goes wrong.
-    (The engine side has the same in :mod:`kernels.atomic`; this module stays stdlib only.)"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically, see :func:`write_bytes`."""
-    write_bytes(path, text.encode("utf-8"))
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Write ``payload`` as JSON atomically, see :func:`write_bytes`."""
-    write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is missing or not a JSON object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None

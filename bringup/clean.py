@@ -12,7 +12,8 @@ A run (``artifacts/.runs/<run_id>.json``, see :mod:`bringup.runs`) is
 A process is found by ``BRINGUP_RUN_ID`` in its environment, a container by its
 ``bringup.run_id`` label. ``invoke clean`` kills the processes of ended and dead-owner runs
 (a whole process group when every member of it belongs to such runs, else process by process:
-SIGTERM, then SIGKILL after a grace period) and removes their containers.
+SIGTERM, then SIGKILL after a grace period), removes their containers, and marks the records
+of dead-owner runs ended (status ``interrupted``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .artifacts import read_json
+from .artifacts import INTERRUPTED, read_json, utc_now, write_json
 from .runners.processes import group_members
 from .runs import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV, runs_dir
 
@@ -133,6 +134,22 @@ def run_states(artifacts: Path) -> dict[str, str]:
         run_id = str(record.get("run_id") or path.stem)
         states[run_id] = ENDED if record.get("ended") else (ACTIVE if owner_alive(record) else DEAD_OWNER)
     return states
+
+
+def repair_dead_owner_records(artifacts: Path, dry_run: bool = False) -> list[dict[str, Any]]:
+    """Mark every run record whose owner is gone (``dead-owner``) as ended, status ``interrupted``,
+    with why; returns those records as they were (all of them, changed or not with ``dry_run``)."""
+    folder = runs_dir(artifacts)
+    repaired = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = read_json(path)
+        if record is None or record.get("ended") or owner_alive(record):
+            continue
+        repaired.append(record)
+        if not dry_run:
+            write_json(path, {**record, "status": INTERRUPTED, "ended": utc_now(),
+                              "detail": f"its owner (pid {record.get('owner_pid')}) was gone; repaired by bringup"})
+    return repaired
 
 
 def run_processes() -> list[RunProcess]:
@@ -252,9 +269,13 @@ def clean(artifacts: Path, dry_run: bool = False, grace: float = 5.0, client: An
     if client is None and docker_note:
         print(f"containers not checked: {docker_note}")
     if dry_run:
+        for record in repair_dead_owner_records(artifacts, dry_run=True):
+            print(f"would repair run record {record.get('run_id')}: its owner (pid {record.get('owner_pid')}) is gone")
         return 0
     stuck = kill_processes(procs, grace)
     failed = remove_containers(client, containers) if client is not None and containers else []
+    for record in repair_dead_owner_records(artifacts):
+        print(f"repaired run record {record.get('run_id')}: its owner (pid {record.get('owner_pid')}) is gone; now ended, interrupted")
     for p in stuck:
         print(f"error: could not kill {describe(p, found.state(p.run_id))}")
     for c, why in failed:

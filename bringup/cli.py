@@ -5,21 +5,25 @@
     python -m bringup image --name NAME [--matrix PATH] [--force]
 
 Exit status: 0 every stage passed or was cached; 1 a stage failed; 2 unusable configuration
-(one line ``error: <file>: <key>: <what was expected>``, no traceback); 130 interrupted.
+(one line ``error: <file>: <key>: <what was expected>``, no traceback) or a stage another run
+holds (the line names it); 130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
 
 from .errors import ConfigError
+from .locks import StageBusy
 from .paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
 STAGE_COMMANDS = ("env", "build", "verify", "ab", "e2e", "all")
 INTERRUPTED_EXIT = 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _positive(text: str) -> float:
@@ -27,7 +31,7 @@ def _positive(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if value <= 0:
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
 
@@ -54,15 +58,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # Ctrl-C and SIGTERM both end in KeyboardInterrupt, so runners kill what the stage started.
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C, SIGTERM and SIGHUP (the terminal closed) all end in KeyboardInterrupt, so runners
+    # stop what the stage started.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS}
     try:
         if args.command == "image":
             return _image(args)
         return _stages(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ConfigError.EXIT_CODE
+    except (ConfigError, StageBusy) as exc:
+        say(f"error: {exc}")
+        return exc.EXIT_CODE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -70,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def say(text: str) -> None:
+    """One line on stderr; a closed terminal (the user went away) is not an error."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _stages(args: argparse.Namespace) -> int:
@@ -82,7 +95,7 @@ def _stages(args: argparse.Namespace) -> int:
     matrix.image(args.image)
     display = Display()
     if getattr(args, "world_size", None) is not None and args.world_size < 1:
-        print(f"error: --world-size must be at least 1, got {args.world_size}", file=sys.stderr)
+        say(f"error: --world-size must be at least 1, got {args.world_size}")
         return ConfigError.EXIT_CODE
     pipeline = Pipeline(Options(matrix, Path(args.artifacts).resolve(), args.force, args.keep, args.timeout,
                                 getattr(args, "world_size", None), display))
@@ -93,7 +106,7 @@ def _stages(args: argparse.Namespace) -> int:
             pipeline.run(args.command, args.image)
     except (KeyboardInterrupt, Interrupted) as exc:
         display.summary(pipeline.outcomes)
-        print(f"interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        say(f"interrupted{': ' + str(exc) if str(exc) else ''}")
         return INTERRUPTED_EXIT
     display.summary(pipeline.outcomes)
     return 1 if any(o.status in (FAILED, SKIPPED) for o in pipeline.outcomes) else 0
@@ -117,7 +130,7 @@ def _image(args: argparse.Namespace) -> int:
         else:
             tag = build_offline(client, load_offline_recipe(args.name), display.line, force=args.force)
     except ImageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 1
     display.note(f"image {args.name}: {tag}")
     return 0

@@ -39,7 +39,8 @@ class Check:
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process holding GPU memory, with where it lives."""
+    """A process holding GPU memory, with where it lives: ``local`` when it shares doctor's own
+    place (this host, or the container doctor itself runs in), else in ``container_id``."""
 
     pid: int
     used_mib: int | None
@@ -47,11 +48,26 @@ class GpuProcess:
     container_name: str | None
     run_id: str | None
     cmdline: str
+    local: bool = False
 
     def where(self) -> str:
-        if self.container_id:
-            return f"container {self.container_name or self.container_id[:12]}"
-        return "host process"
+        if self.local:
+            return local_label()
+        return f"container {self.container_name or self.container_id[:12]}"
+
+
+def own_container() -> str | None:
+    """The container doctor runs in (from its own cgroup file), or None on a host."""
+    return container_id_from_cgroup(_read(clean.PROC / "self" / "cgroup") or "")
+
+
+def in_container() -> bool:
+    return own_container() is not None or Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+
+
+def local_label() -> str:
+    """How a process of doctor's own place is named: a host process, or one of this container."""
+    return "process in this container" if in_container() else "host process"
 
 
 def parse_compute_apps(text: str) -> list[tuple[int, int | None]]:
@@ -92,12 +108,14 @@ def _environ_value(pid: int, key: str) -> str | None:
     return next((v[len(prefix):].decode(errors="replace") for v in environ.split(b"\0") if v.startswith(prefix)), None)
 
 
-def gpu_process(pid: int, used_mib: int | None, names: Callable[[str], str | None]) -> GpuProcess:
-    """Where ``pid`` lives: its container (by cgroup) and the run it belongs to."""
+def gpu_process(pid: int, used_mib: int | None, names: Callable[[str], str | None], own: str | None = None) -> GpuProcess:
+    """Where ``pid`` lives: its container (by cgroup; ``own`` is doctor's own container, whose
+    processes are local) and the run it belongs to."""
     cgroup = _read(clean.PROC / str(pid) / "cgroup") or ""
     container = container_id_from_cgroup(cgroup)
+    local = container is None or container == own
     cmdline = (_read(clean.PROC / str(pid) / "cmdline") or "").replace("\0", " ").strip()
-    return GpuProcess(pid, used_mib, container, names(container) if container else None, _environ_value(pid, RUN_ENV), cmdline)
+    return GpuProcess(pid, used_mib, container, None if local else names(container), _environ_value(pid, RUN_ENV), cmdline, local)
 
 
 def container_namer(client: Any | None) -> Callable[[str], str | None]:
@@ -179,7 +197,8 @@ def check_gpu_holders(client: Any | None, leftovers: clean.Leftovers, has_gpus: 
     out, why = _nvidia_smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader"])
     if out is None:
         return Check("gpu holders", WARN, why, "run nvidia-smi by hand")
-    holders = [gpu_process(pid, mib, container_namer(client)) for pid, mib in parse_compute_apps(out)]
+    own = own_container()
+    holders = [gpu_process(pid, mib, container_namer(client), own) for pid, mib in parse_compute_apps(out)]
     if not holders:
         return Check("gpu holders", OK, "no process holds GPU memory")
     lines, orphaned = [], False
@@ -216,6 +235,17 @@ def check_orphans(leftovers: clean.Leftovers) -> Check:
     if unknown:
         fix += ("; " if fix else "") + "for runs not recorded here: invoke clean --artifacts <that checkout's artifacts>, or stop them by hand"
     return Check("orphans", WARN, "; ".join(parts), fix)
+
+
+def check_run_records(artifacts: Path) -> Check:
+    """Run records still marked running whose owner is gone (the pipeline was killed outright):
+    reported, and repaired (ended, interrupted) so that nothing counts them as live."""
+    repaired = clean.repair_dead_owner_records(artifacts)
+    if not repaired:
+        return Check("run records", OK, "no run record of a dead owner")
+    lines = [f"run {r.get('run_id')} (owner pid {r.get('owner_pid')} gone, started {r.get('started')})" for r in repaired]
+    return Check("run records", WARN, "repaired (now ended, interrupted): " + "; ".join(lines),
+                 "invoke clean, if processes or containers of these runs are still listed under orphans")
 
 
 def check_disk(name: str, path: Path) -> Check:
@@ -293,6 +323,7 @@ def run_checks(artifacts: Path, matrix: Path) -> list[Check]:
         gpus,
         guarded("gpu holders", lambda: check_gpu_holders(client, leftovers, has_gpus)),
         guarded("orphans", lambda: check_orphans(leftovers)),
+        guarded("run records", lambda: check_run_records(artifacts)),
         guarded("disk /tmp", lambda: check_disk("disk /tmp", Path("/tmp"))),
         guarded("disk artifacts", lambda: check_disk("disk artifacts", artifacts.resolve())),
         guarded("/dev/shm", check_shm),

@@ -2,7 +2,7 @@
 
     schema: 1
     reference: stock                   # the image every other is diffed against
-    recipes_dir: recipes               # relative to this file (default: recipes)
+    recipes_dir: recipes               # relative to this file (default: recipes/ beside it, else the project's)
     settings:
       timeouts: {env: 1800, build: 3600, verify: 900, ab: 3600, e2e: 3600}
       world_size: 8                    # ranks for e2e when an image does not say (default:
@@ -45,7 +45,7 @@ from .errors import ConfigError
 from .hashing import hash_json
 from .image_spec import ImageSpec, context_identity, load_image_spec
 from .offline_recipe import IMAGES_DIR, OFFLINE_PREFIX, RECIPE_FILE, load_offline_recipe
-from .paths import DEFAULT_MATRIX, shown
+from .paths import DEFAULT_MATRIX, PROJECT_RECIPES, shown
 from .recipes import Recipe, load_recipes
 from .validate import (At, expected, integer, load_yaml, mapping, number, one_of, optional_string, string,
                        string_list)
@@ -137,9 +137,13 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
     if integer(data["schema"], at.key("schema")) != 1:
         at.key("schema").fail(f"expected 1 (the matrix format this version reads), got {data['schema']}")
     base_dir = path.resolve().parent
-    recipes_dir = base_dir / string(data.get("recipes_dir", "recipes"), at.key("recipes_dir"), what="a folder relative to the matrix file")
-    if not recipes_dir.is_dir():
-        at.key("recipes_dir").fail(f"expected a recipes folder, but {shown(recipes_dir)} does not exist")
+    if "recipes_dir" in data:
+        recipes_dir = base_dir / string(data["recipes_dir"], at.key("recipes_dir"), what="a folder relative to the matrix file")
+        if not recipes_dir.is_dir():
+            at.key("recipes_dir").fail(f"expected a recipes folder relative to the matrix file, but {shown(recipes_dir)} "
+                                       f"does not exist (leave the key out to use the project's {shown(PROJECT_RECIPES)})")
+    else:  # a recipes/ folder beside the matrix file, else the project's
+        recipes_dir = base_dir / "recipes" if (base_dir / "recipes").is_dir() else PROJECT_RECIPES
     recipes = load_recipes(recipes_dir)
     images_at = at.key("images")
     raw_images = mapping(data["images"], images_at)

@@ -1,12 +1,14 @@
-"""Where things are: the repository root and the default artifacts folder."""
+"""Where things are: the project root, its matrix, artifacts and recipes folders (the defaults)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MATRIX = "matrix.yaml"
-DEFAULT_ARTIFACTS = "artifacts"
+# Defaults are the project's own, wherever the command runs from (a subfolder included).
+DEFAULT_MATRIX = REPO / "matrix.yaml"
+DEFAULT_ARTIFACTS = REPO / "artifacts"
+PROJECT_RECIPES = REPO / "recipes"
 
 
 def shown(path: Path) -> str:

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from . import images
-from .artifacts import CACHED, FAILED, PASSED, header, image_dir, read_json, record_path, stage_log, utc_now, write_json
+from .artifacts import (CACHED, FAILED, INTERRUPTED, PASSED, clear_output, header, image_dir, read_json, record_path,
+                        stage_log, utc_now, write_json)
 from .display import Display, Outcome
 from .inputs import build_recipes, env_recipes, inputs_hash, local_identity, stage_inputs
+from .locks import stage_lock
 from .matrix import Image, Matrix
 from .paths import REPO, shown
 from .runners import Mount, RunRequest, RunResult
-from .runs import INTERRUPTED, new_run_id
+from .runs import new_run_id
 
 STAGE_ORDER = ("env", "build", "verify", "ab", "e2e")
 SKIPPED = "skipped"
@@ -65,8 +67,15 @@ class Pipeline:
                 return
 
     def run(self, stage: str, image_name: str) -> Outcome:
+        """Run ``stage`` for ``image_name`` (or reuse its cached result) holding the stage's lock;
+        raises :class:`bringup.locks.StageBusy` when another run holds it."""
+        image = self.options.matrix.image(image_name)
+        run_id = new_run_id(image.name, stage)
+        with stage_lock(self.options.artifacts, image.name, stage, run_id, self.options.display.note):
+            return self._run_locked(stage, image, run_id)
+
+    def _run_locked(self, stage: str, image: Image, run_id: str) -> Outcome:
         o = self.options
-        image = o.matrix.image(image_name)
         record_file = record_path(o.artifacts, image.name, stage)
         env_record = _usable(read_json(record_path(o.artifacts, image.name, "env"))) if stage != "env" else None
         build_record = _usable(read_json(record_path(o.artifacts, image.name, "build"))) if stage not in ("env", "build") else None
@@ -75,15 +84,15 @@ class Pipeline:
             ref, identity = self._image(image, stage, env_record)
             exported = self._reference_folders(image) if stage == "env" else {}
         except images.ImageError as exc:
-            return self._record_failure(stage, image, new_run_id(image.name, stage), "", utc_now(), str(exc), 0.0)
+            return self._record_failure(stage, image, run_id, "", utc_now(), str(exc), 0.0)
         inputs = stage_inputs(stage, image, o.matrix, identity, upstream, self._world_size(image))
         digest = inputs_hash(inputs)
         record = read_json(record_file)
         if not o.force and self._cache_hit(stage, record, digest):
             return self._cached(stage, image, record, record_file)
-        run_id = new_run_id(image.name, stage)
         started = utc_now()
         out = image_dir(o.artifacts, image.name)
+        clear_output(o.artifacts, image.name, stage)
         spec_path = out / ".spec" / f"{stage}.json"
         write_json(spec_path, self._spec(stage, image, run_id, digest, out, exported))
         python = (env_record or {}).get("python") or image.python or sys.executable
@@ -131,7 +140,7 @@ class Pipeline:
         recipes = env_recipes(image, m) if stage == "env" else build_recipes(image, m) if stage == "build" else []
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
                 "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
-                "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts}
+                "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts, "owner_pipe": True}
 
     def _world_size(self, image: Image) -> int | None:
         """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""
@@ -172,7 +181,11 @@ class Pipeline:
     def _finish(self, stage: str, image: Image, run_id: str, digest: str, started: str, result: RunResult,
                 record_file: Path, commit_to: str | None) -> Outcome:
         record = read_json(record_file)
-        if result.status not in (PASSED, FAILED) or not record or record.get("run_id") != run_id:
+        own = record is not None and record.get("run_id") == run_id
+        if result.status == INTERRUPTED:
+            why = record["problems"][0] if own and record.get("status") == INTERRUPTED and record.get("problems") else result.detail
+            return self._record_failure(stage, image, run_id, digest, started, why, result.seconds, INTERRUPTED)
+        if result.status not in (PASSED, FAILED) or not own:
             why = result.detail if result.status != PASSED else "the stage wrote no record"
             return self._record_failure(stage, image, run_id, digest, started, why, result.seconds)
         if stage == "env" and commit_to and record["status"] == PASSED:
@@ -181,13 +194,15 @@ class Pipeline:
         detail = problems[0] if problems else ("" if record["status"] == PASSED else result.detail)
         return self._add(Outcome(stage, image.name, record["status"], result.seconds, shown(record_file), detail))
 
-    def _record_failure(self, stage: str, image: Image, run_id: str, digest: str, started: str, why: str, seconds: float) -> Outcome:
-        """The stage ended without its own record (timeout, Ctrl-C, no image, a crash): write one."""
+    def _record_failure(self, stage: str, image: Image, run_id: str, digest: str, started: str, why: str, seconds: float,
+                        status: str = FAILED) -> Outcome:
+        """The stage ended without its own complete record (timeout, interrupted, no image, a
+        crash): write one with ``status`` (failed, or interrupted)."""
         record_file = record_path(self.options.artifacts, image.name, stage)
-        record = header(stage, image.name, run_id, FAILED, started, utc_now(), {"error": f"the stage did not finish: {why}"}, digest)
+        record = header(stage, image.name, run_id, status, started, utc_now(), {"error": f"the stage did not finish: {why}"}, digest)
         write_json(record_file, {**record, "problems": [why]})
-        self.options.display.note(f"{stage} {image.name}: failed: {why}")
-        return self._add(Outcome(stage, image.name, FAILED, seconds, shown(record_file), why))
+        self.options.display.note(f"{stage} {image.name}: {status}: {why}")
+        return self._add(Outcome(stage, image.name, status, seconds, shown(record_file), why))
 
     def _add(self, outcome: Outcome) -> Outcome:
         self.outcomes.append(outcome)

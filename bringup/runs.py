@@ -21,11 +21,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .artifacts import utc_now, write_json
+from .artifacts import INTERRUPTED, utc_now, write_json
 
 RUN_ENV = "BRINGUP_RUN_ID"
 LABEL_RUN, LABEL_IMAGE, LABEL_STAGE = "bringup.run_id", "bringup.image", "bringup.stage"
-RUNNING, TIMEOUT, INTERRUPTED = "running", "timeout", "interrupted"
+RUNNING, TIMEOUT = "running", "timeout"
 
 
 def new_run_id(image: str, stage: str) -> str:

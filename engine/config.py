@@ -11,11 +11,13 @@ import torch
 
 from kernels.ops.rope import yarn_mscale
 
+from .checkpoint import CheckpointError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class ConfigError(ValueError):
-    """config.json (or an engine argument) is unusable; the message names the field."""
+class ConfigError(CheckpointError):
+    """config.json is unusable; the message names the file and the field."""
 
 
 def _rope(raw: dict, where: Path) -> tuple[float, dict | None]:
@@ -96,17 +98,28 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ConfigError(f"{path}: no such file (a model directory needs config.json and *.safetensors)")
-        raw = json.loads(path.read_text())
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw, path)
 
     @classmethod
     def from_dict(cls, raw: dict, where: Path | str = "config.json") -> "ModelConfig":
         where = Path(where)
 
-        def need(key: str):
-            if raw.get(key) is None:
+        def need(key: str) -> int:
+            """A required size: a positive integer."""
+            value = raw.get(key)
+            if value is None:
                 raise ConfigError(f"{where}: field {key!r} is missing")
-            return raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
+            return value
 
         if raw.get("model_type", "deepseek_v3") != "deepseek_v3":
             raise ConfigError(f"{where}: model_type {raw.get('model_type')!r} is not 'deepseek_v3'")
@@ -154,13 +167,21 @@ class ModelConfig:
         return cfg
 
 
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def default_max_model_len(model: ModelConfig) -> int:
+    """The sequence limit (prompt + generated tokens) of an engine that sets none."""
+    return min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+
+
 @dataclass
 class EngineConfig:
     """Runtime settings of one :class:`engine.LLM`.
 
     ``num_kv_blocks`` None sizes the paged cache for ``max_num_seqs`` sequences of
     ``max_model_len`` tokens (on CUDA, capped by ``gpu_memory_utilization`` of free memory).
-    ``max_model_len`` None means min(max_position_embeddings, 4096). ``expert_parallel`` splits
+    ``max_model_len`` None means :func:`default_max_model_len`. ``expert_parallel`` splits
     the routed experts across the ranks of the initialized torch.distributed default group
     (see :mod:`engine.parallel`); every rank then steps in lockstep with the others.
     """
@@ -181,18 +202,19 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("device='cuda' but torch sees no CUDA device")
+            raise ValueError("device='cuda' but torch sees no CUDA device")
         if self.block_size < 1 or self.max_num_seqs < 1:
-            raise ConfigError("block_size and max_num_seqs must be positive")
-        self.model = ModelConfig.from_dir(self.model_dir)
-        limit = self.model.max_position_embeddings
-        self.max_model_len = min(self.max_model_len or min(limit, 4096), limit)
+            raise ValueError("block_size and max_num_seqs must be positive")
+        from .checkpoint import check_checkpoint
+
+        self.model = check_checkpoint(self.model_dir)  # config.json and the shards' headers, before anything loads
+        self.max_model_len = min(self.max_model_len or default_max_model_len(self.model), self.model.max_position_embeddings)
         if self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= max_model_len={self.max_model_len}")
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= max_model_len={self.max_model_len}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -18,22 +18,16 @@ lines of its traceback and log), ``tracebacks`` (every traceback found in the ra
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kernels.atomic import write_text_atomic
+from common.clock import utc_now
+from common.files import to_json, write_text
 
 SCHEMA = 1
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 TRACEBACK_LINES = 40
 LOG_TAIL_LINES = 20
-
-
-def utc_now() -> str:
-    """The current time, ISO 8601 in UTC."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def tracebacks_in(text: str) -> list[list[str]]:
@@ -155,5 +149,5 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
 
 def write(out: Path, report: dict, tokens: list[dict]) -> None:
     """``out/report.json`` and ``out/tokens.jsonl``, each written atomically."""
-    write_text_atomic(out / "tokens.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tokens))
-    write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_text(out / "tokens.jsonl", "".join(to_json(t) + "\n" for t in tokens))
+    write_text(out / "report.json", to_json(report, indent=1) + "\n")

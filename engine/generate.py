@@ -4,19 +4,19 @@
 
 Greedy by default. ``--json`` prints one JSON object: the settings, the host-ops status and,
 per prompt, ``prompt``, ``token_ids``, ``text``, ``logprobs``, ``top2_margin`` and
-``finish_reason``. Exit status 0 on success, 2 when the model directory or an argument is unusable.
+``finish_reason``; it is strict JSON (a non-finite number is ``null``). Exit status 0 on success, 2
+when the model directory or an argument is unusable (one line naming the file or argument).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from common.files import to_json
+
 from . import native
-from .config import ConfigError
 from .llm import LLM
-from .loader import LoadError
 from .sampling_params import SamplingParams
 
 
@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
                                 top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
         llm = LLM(args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager)
         outputs = llm.generate(args.prompt, params)
-    except (ConfigError, LoadError, ValueError) as exc:
+    except ValueError as exc:  # CheckpointError included: one line naming the file and what is wrong
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         settings = {"model": args.model, "dtype": args.dtype, "device": args.device, "params": vars(params)}
         results = [{"prompt": p, **o} for p, o in zip(args.prompt, outputs)]
-        print(json.dumps({"settings": settings, "native": native.status(), "outputs": results}, ensure_ascii=False))
+        print(to_json({"settings": settings, "native": native.status(), "outputs": results}))
     else:
         for prompt, out in zip(args.prompt, outputs):
             print(f"{prompt!r} -> {out['text']!r} ({len(out['token_ids'])} tokens, {out['finish_reason']})")

@@ -1,6 +1,7 @@
 """Read a checkpoint's tensors by name from its safetensors shards.
 
-Layers take what they need by name (:meth:`CheckpointWeights.get`); at the end
+Layers take what they need by name (:meth:`CheckpointWeights.get`), each tensor checked against
+the shape the config implies (:func:`engine.checkpoint.tensor_shapes`); at the end
 :meth:`CheckpointWeights.check_all_used` fails on tensors nobody took, so that a naming
 mismatch cannot silently leave weights out. Tensors of layers at index >= num_hidden_layers
 (DeepSeek-V3's multi-token-prediction layer) are skipped.
@@ -8,27 +9,39 @@ mismatch cannot silently leave weights out. Tensors of layers at index >= num_hi
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+from .checkpoint import CheckpointError, ignored, shape_problem, tensor_shapes
 
 
-class LoadError(ValueError):
+class LoadError(CheckpointError):
     """The checkpoint's tensors do not fit the model; the message names the file or tensor."""
 
 
+def open_shards(model_dir: str | Path) -> dict[Path, object]:
+    """A safetensors handle per ``*.safetensors`` file of ``model_dir`` (headers read, no tensor);
+    a missing, truncated or foreign file is a :class:`LoadError` naming it."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise LoadError(f"{model_dir}: no *.safetensors files")
+    handles = {}
+    for f in files:
+        try:
+            handles[f] = safe_open(str(f), framework="pt")
+        except (SafetensorError, OSError) as exc:
+            raise LoadError(f"{f}: not a complete safetensors file (truncated or damaged: {exc})") from None
+    return handles
+
+
 class CheckpointWeights:
-    def __init__(self, model_dir: str | Path, num_layers: int):
+    def __init__(self, model_dir: str | Path, config):
         self.model_dir = Path(model_dir)
-        files = sorted(self.model_dir.glob("*.safetensors"))
-        if not files:
-            raise LoadError(f"{self.model_dir}: no *.safetensors files")
-        self.num_layers = num_layers
-        self._handles = {f: safe_open(str(f), framework="pt") for f in files}
+        self.num_layers = config.num_hidden_layers
+        self._shapes = tensor_shapes(config)
+        self._handles = open_shards(model_dir)
         self._where: dict[str, Path] = {}
         for f, handle in self._handles.items():
             for name in handle.keys():
@@ -41,11 +54,18 @@ class CheckpointWeights:
         return name in self._where
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor ``name`` as stored (CPU, checkpoint dtype)."""
+        """The tensor ``name`` as stored (CPU, checkpoint dtype), of the shape the config implies."""
         if name not in self._where:
             raise LoadError(f"{self.model_dir}: the checkpoint has no tensor {name!r}")
         self._taken.add(name)
-        return self._handles[self._where[name]].get_tensor(name)
+        try:
+            tensor = self._handles[self._where[name]].get_tensor(name)
+        except SafetensorError as exc:
+            raise LoadError(f"{self._where[name]}: tensor {name!r} cannot be read ({exc})") from None
+        problem = shape_problem(self._where[name], name, tuple(tensor.shape), self._shapes)
+        if problem:
+            raise LoadError(problem)
+        return tensor
 
     def skip(self, prefix: str) -> None:
         """Leave every tensor named ``prefix...`` unloaded on purpose (another rank's experts);
@@ -53,12 +73,7 @@ class CheckpointWeights:
         self._taken.update(name for name in self._where if name.startswith(prefix))
 
     def check_all_used(self) -> None:
-        left = []
-        for name in self._where:
-            m = _LAYER.match(name)
-            if name in self._taken or (m and int(m.group(1)) >= self.num_layers) or name.endswith("rotary_emb.inv_freq"):
-                continue
-            left.append(name)
+        left = [name for name in self._where if name not in self._taken and not ignored(name, self.num_layers)]
         if left:
             shown = ", ".join(sorted(left)[:8])
             raise LoadError(f"{self.model_dir}: {len(left)} tensor(s) the engine does not use: {shown}{' ...' if len(left) > 8 else ''}")

@@ -46,7 +46,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         model_config = config.model
-        weights = CheckpointWeights(config.model_dir, model_config.num_hidden_layers)
+        weights = CheckpointWeights(config.model_dir, model_config)
         self.ep = None
         if config.expert_parallel:
             self.ep = ExpertParallel(model_config.n_routed_experts, model_config.num_experts_per_tok, self.device)

@@ -56,10 +56,32 @@ def test_real_cgroup_file_of_a_real_process(procs):
     assert found is None or found in text
     cid = _hex_id(random.Random(9))
     assert doctor.container_id_from_cgroup(text + f"0::/system.slice/docker-{cid}.scope\n") == cid
-    holder = doctor.gpu_process(proc.pid, 512, lambda container: f"name-of-{container[:12]}")
+    own = doctor.own_container()
+    holder = doctor.gpu_process(proc.pid, 512, lambda container: f"name-of-{container[:12]}", own)
     assert (holder.pid, holder.used_mib, holder.run_id, holder.container_id) == (proc.pid, 512, "r-real", found)
     assert holder.cmdline == "sleep 600"
-    assert holder.where() == (f"container name-of-{found[:12]}" if found else "host process")
+    # A child of this test lives where the test does: on the host, or in the test's own container.
+    assert holder.local and holder.where() == doctor.local_label()
+    assert doctor.local_label() == ("process in this container" if doctor.in_container() else "host process")
+    elsewhere = doctor.gpu_process(proc.pid, 512, lambda container: f"name-of-{container[:12]}", own=cid)
+    assert elsewhere.where() == (f"container name-of-{found[:12]}" if found else doctor.local_label())
+
+
+def test_a_holder_in_another_container_is_named_and_one_in_doctors_own_is_local(tmp_path, monkeypatch):
+    rng = random.Random(11)
+    mine, theirs = _hex_id(rng), _hex_id(rng)
+    proc_root = tmp_path / "proc"
+    for pid, cid in ((101, mine), (202, theirs), (303, None)):
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "cgroup").write_text(f"0::/system.slice/docker-{cid}.scope\n" if cid else "0::/\n")
+        (proc_root / str(pid) / "cmdline").write_bytes(b"python\0serve.py\0")
+    (proc_root / "self").mkdir()
+    (proc_root / "self" / "cgroup").write_text(f"4:memory:/docker/{mine}\n0::/\n")
+    monkeypatch.setattr(doctor.clean, "PROC", proc_root)
+    assert doctor.own_container() == mine and doctor.in_container()
+    names = {theirs: "colleague"}.get
+    labels = [doctor.gpu_process(pid, 1, names, doctor.own_container()).where() for pid in (101, 202, 303)]
+    assert labels == ["process in this container", "container colleague", "process in this container"]
 
 
 def _fake_nvidia_smi(folder: Path, gpus: str, apps: str) -> None:
@@ -93,8 +115,9 @@ def test_gpu_held_by_an_orphan_fails_with_the_clean_hint(tmp_path, procs, monkey
     leftovers = clean.find_leftovers(artifacts, None)
     holders = doctor.check_gpu_holders(None, leftovers, has_gpus)
     assert holders.status == doctor.FAIL and holders.fix.startswith("invoke clean")
-    assert f"pid {orphan.pid} (host process, 81042 MiB, run r-ended ended): sleep 600" in holders.message
-    assert f"pid {colleague.pid} (host process, 1024 MiB): sleep 601" in holders.message
+    here = doctor.local_label()  # "host process", or "process in this container" when the tests run in one
+    assert f"pid {orphan.pid} ({here}, 81042 MiB, run r-ended ended): sleep 600" in holders.message
+    assert f"pid {colleague.pid} ({here}, 1024 MiB): sleep 601" in holders.message
     orphans = doctor.check_orphans(leftovers)
     assert orphans.status == doctor.WARN and f"run r-ended (ended): pid {orphan.pid}" in orphans.message
 
@@ -129,7 +152,7 @@ def test_infiniband_devices_are_listed(tmp_path):
 def test_every_check_reports_here_without_crashing(tmp_path):
     checks = doctor.run_checks(tmp_path, REPO / "matrix.yaml")
     names = [c.name for c in checks]
-    assert names == ["python/torch/triton", "docker daemon", "nvidia runtime", "gpus", "gpu holders", "orphans",
+    assert names == ["python/torch/triton", "docker daemon", "nvidia runtime", "gpus", "gpu holders", "orphans", "run records",
                      "disk /tmp", "disk artifacts", "/dev/shm", "infiniband", "matrix"]
     assert all(c.status in (doctor.OK, doctor.WARN, doctor.FAIL, doctor.SKIP) and c.message for c in checks)
     assert all(c.fix for c in checks if c.status in (doctor.WARN, doctor.FAIL))

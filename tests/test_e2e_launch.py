@@ -130,16 +130,16 @@ def test_a_hung_rank_is_caught_by_the_watchdog(tmp_path):
 
 
 def test_raising_ranks_are_reported_with_their_tracebacks(tmp_path):
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(["Q: fine?\nA: ", "x" * 300]))  # the second exceeds max_model_len (256)
-    launch = Launch(tmp_path / "out", "--world-size", "2", "--prompts", str(prompts))
+    # Strict mode refusing a backend that cannot serve: every rank raises at its first op.
+    launch = Launch(tmp_path / "out", "--world-size", "2", env={"ENGINE_OPS_BACKEND": "no-such-backend", "ENGINE_OPS_STRICT": "1"})
     code = launch.wait(timeout=120)
     assert code == 1, launch.output
     report = launch.report()
     failure = report["failure"]
     assert failure["rank"] in (0, 1)
     assert failure["traceback"][0] == "Traceback (most recent call last):"
-    assert failure["traceback"][-1].startswith("ValueError: request 1: prompt of 301 tokens")
+    last = failure["traceback"][-1]
+    assert last.split(":", 1)[0].endswith("Error") and "ENGINE_OPS_STRICT=1 refuses" in last, last
     assert sorted({t["rank"] for t in report["tracebacks"]}) == [0, 1]
     assert alive_with_run_id(launch.run_id) == []
 

@@ -118,3 +118,25 @@ def test_unknown_image_is_a_config_error(capsys):
     assert main(["env", "--image", "nope", "--matrix", str(REPO / "matrix.yaml")]) == 2
     err = capsys.readouterr().err
     assert "images.nope" in err and "local" in err
+
+
+def test_a_matrix_outside_the_project_without_recipes_dir_uses_the_projects_recipes(tmp_path):
+    (tmp_path / "mine.yaml").write_text("schema: 1\nreference: here\nimages:\n  here: {runner: local, recipes: [engine-c]}\n")
+    matrix = load_matrix(tmp_path / "mine.yaml")
+    assert matrix.recipes_dir == REPO / "recipes" and "engine-c" in matrix.recipes
+    (tmp_path / "wrong.yaml").write_text("schema: 1\nreference: here\nrecipes_dir: nowhere\nimages:\n  here: {runner: local}\n")
+    with pytest.raises(ConfigError) as error:
+        load_matrix(tmp_path / "wrong.yaml")
+    assert str(error.value).startswith(f"{shown(tmp_path / 'wrong.yaml')}: recipes_dir: ")
+    assert "nowhere does not exist (leave the key out to use the project's" in str(error.value)
+
+
+def test_invoke_from_a_subfolder_finds_the_projects_matrix_and_artifacts():
+    """invoke walks up to tasks.py; the defaults follow the project, not the working directory."""
+    proc = subprocess.run([sys.executable, "-m", "invoke", "matrix", "--json"], cwd=REPO / "engine" / "tiny",
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"include"' in proc.stdout and "no such file" not in proc.stderr
+    from bringup.paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
+
+    assert (DEFAULT_MATRIX, DEFAULT_ARTIFACTS) == (REPO / "matrix.yaml", REPO / "artifacts")

@@ -32,7 +32,7 @@ from bringup.pipeline import Options, Pipeline
 from bringup.recipes import load_recipes
 from bringup.runners import RunResult
 from bringup.stages import build as build_stage
-from bringup.stages import prerequisites
+from bringup.stages import env_steps, prerequisites
 from fixtures.vendor_build import IMAGE, MATRIX, build_fixture, run_build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def fake_wheel(folder: Path, name: str, version: str) -> Path:
 
 def test_a_recipe_that_reinstalls_torch_fails_its_stage(tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    env_steps.venv(str(venv), env_steps.EnvContext(python=sys.executable))  # sees this interpreter's torch, venv or not
     wheel = fake_wheel(tmp_path, "torch", "0.0.1")
     recipes = tmp_path / "recipes"
     recipes.mkdir()

@@ -48,6 +48,24 @@ def test_venv_keeps_the_system_packages_and_is_idempotent(made_venv):
     assert venv(str(made_venv), ctx)[0] == UNCHANGED and ctx.python == str(python)
 
 
+def test_a_venv_over_a_venv_python_sees_the_outer_venvs_packages(tmp_path):
+    """The image's python may itself be a venv (a user's host): --system-site-packages alone would
+    reach only the base interpreter's packages and lose the venv's own (torch, ...)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    outer = tmp_path / "outer"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(outer)], check=True)
+    outer_python = str(outer / "bin" / "python")
+    marker = f"bringup_marker_{secrets.token_hex(3)}"
+    (Path(site_packages(outer_python)[0]) / f"{marker}.py").write_text("VALUE = 42\n")
+    ctx = context(outer_python)
+    status, detail = venv(str(tmp_path / "inner"), ctx)
+    assert status == APPLIED and str(outer) in detail
+    code = f"import {marker}, sys; print({marker}.VALUE, sys.prefix)"
+    value, prefix = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert value == "42" and Path(prefix) == tmp_path / "inner"
+    assert venv(str(tmp_path / "inner"), context(outer_python))[0] == UNCHANGED
+
+
 def test_venv_without_system_site_packages_is_refused(tmp_path):
     (tmp_path / "plain" / "bin").mkdir(parents=True)
     (tmp_path / "plain" / "bin" / "python").symlink_to(sys.executable)

@@ -6,7 +6,8 @@ the artifacts bind-mounted at their host paths, and only the allowlisted environ
 output is streamed live to the terminal and the stage log; the exit code comes from
 ``wait()``. On timeout or Ctrl-C the container is killed. It is removed in a ``finally``
 unless ``keep`` is set (then its name is printed for debugging). Every container is labelled
-with the run id, the image and the stage.
+with the run id, the image and the stage. The stage's stdin is attached to this process: if
+it goes away without cleaning up, the stage sees end of file and stops itself.
 """
 
 from __future__ import annotations
@@ -49,18 +50,24 @@ def run(request: RunRequest, sink: LineSink, client: Any, grace: float = GRACE_S
     start = time.monotonic()
     status, code, detail = INTERRUPTED, None, "interrupted before the container started"
     container = None
+    owner = None
     pump = None
     try:
         image_env = parse_env_list((client.images.get(request.docker_ref).attrs.get("Config") or {}).get("Env"))
         env = stage_environment(image_env, request.allowlists, os.environ, request.run_id, str(request.cwd))
         container = client.containers.create(
-            request.docker_ref, request.argv, name=f"bringup-{request.run_id}", detach=True,
+            request.docker_ref, request.argv, name=f"bringup-{request.run_id}",
             labels={LABEL_RUN: request.run_id, LABEL_IMAGE: request.image, LABEL_STAGE: request.stage},
             environment=env, working_dir=str(request.cwd), init=True, ipc_mode="host", network_mode="host",
             volumes={str(m.path): {"bind": str(m.path), "mode": "ro" if m.read_only else "rw"} for m in request.mounts},
             device_requests=device_requests(request.gpus),
+            stdin_open=True, detach=False,  # with detach=False the SDK sets StdinOnce: see the owner pipe below
         )
         record.update(container=container.name)
+        # The owner pipe: the stage's stdin stays open while this process stays attached; docker
+        # closes it when we go away (stdin_once), even when killed outright, and the stage then
+        # stops itself (bringup.stages.interrupts).
+        owner = container.attach_socket(params={"stdin": 1, "stream": 1})
         container.start()
         pump = threading.Thread(target=_pump, args=(container, tee), daemon=True)
         pump.start()
@@ -76,6 +83,8 @@ def run(request: RunRequest, sink: LineSink, client: Any, grace: float = GRACE_S
     finally:
         if container is not None:
             _stop(container, grace)
+        if owner is not None:
+            owner.close()
         if pump is not None:
             pump.join(timeout=10)
         if status in (TIMEOUT, INTERRUPTED):

@@ -1,7 +1,9 @@
 """The local runner: the stage as a host process in its own session and process group.
 
 On timeout or Ctrl-C the whole group is killed (SIGTERM, then SIGKILL after a grace period),
-together with any process that left the group but carries the run's BRINGUP_RUN_ID.
+together with any process that left the group but carries the run's BRINGUP_RUN_ID. The
+stage's stdin is a pipe this process holds open: if it dies without cleaning up (SIGKILL), the
+stage sees end of file and stops its own tree.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def run(request: RunRequest, sink: LineSink, grace: float = GRACE_SECONDS) -> Ru
     proc = None
     reader = None
     try:
-        proc = subprocess.Popen(request.argv, cwd=request.cwd, env=env, stdin=subprocess.DEVNULL,
+        # stdin is the owner pipe: never written, closed by the kernel if this process dies, so
+        # the stage sees end of file and stops itself (bringup.stages.interrupts).
+        proc = subprocess.Popen(request.argv, cwd=request.cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         record.update(pid=proc.pid, pgid=proc.pid)
         reader = threading.Thread(target=_pump, args=(proc, tee), daemon=True)
@@ -47,6 +51,7 @@ def run(request: RunRequest, sink: LineSink, grace: float = GRACE_SECONDS) -> Ru
         if proc is not None:
             kill_run(proc.pid, request.run_id, grace)
             proc.wait()
+            proc.stdin.close()
         if reader is not None:
             reader.join(timeout=5)
         if status in (TIMEOUT, INTERRUPTED):

@@ -73,22 +73,26 @@ def _wait_gone(members, grace: float) -> bool:
     return not members()
 
 
-def kill_run(pgid: int, run_id: str, grace: float = 5.0) -> None:
-    """SIGTERM the group and every process of the run, SIGKILL what is left after ``grace`` s."""
+def kill_run(pgid: int | None, run_id: str, grace: float = 5.0) -> None:
+    """SIGTERM the group ``pgid`` (None: no group) and every process of the run (but this one),
+    SIGKILL what is left after ``grace`` s."""
 
     def members() -> list[int]:
-        return sorted(set(group_members(pgid)) | set(run_members(run_id)))
+        return sorted(set(group_members(pgid) if pgid is not None else []) | set(run_members(run_id)))
 
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    _signal_group(pgid, signal.SIGTERM)
     _signal_all(run_members(run_id), signal.SIGTERM)
     if _wait_gone(members, grace):
         return
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _signal_group(pgid, signal.SIGKILL)
     _signal_all(members(), signal.SIGKILL)
     _wait_gone(members, grace)
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import interrupts
+
 
 def probe_versions(python: str) -> dict[str, Any]:
     """``kernels.versions.probe()`` as seen by ``python`` (a fresh process), or ``{"error"}``."""
@@ -49,33 +51,41 @@ def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env
         log = open(log_path, "a", encoding="utf-8", errors="replace")
 
     def emit(text: str) -> None:
-        sys.stdout.write(text)
         if log is not None:
             log.write(text)
+        try:
+            sys.stdout.write(text)
+        except OSError:  # the runner's end is gone: the owner watch stops the stage (see interrupts)
+            pass
 
     try:
         if log is not None:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+            with interrupts.child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, errors="replace") as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    emit(line)
+                return proc.wait()
         except OSError as exc:
             emit(f"cannot start {argv[0]}: {exc}\n")
             return 127
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            emit(line)
-        return proc.wait()
     finally:
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
         if log is not None:
             log.close()
 
 
 def site_packages(python: str) -> list[str]:
-    """The site-packages folders of ``python`` (its purelib first)."""
-    code = "import json, site, sysconfig; print(json.dumps([sysconfig.get_paths()['purelib']] + site.getsitepackages()))"
+    """The site-packages folders of ``python`` in import order: its purelib first, then every
+    site folder on its ``sys.path`` (those a .pth file adds included)."""
+    code = ("import json, os, site, sys, sysconfig; print(json.dumps([sysconfig.get_paths()['purelib']] + "
+            "[p for p in sys.path if os.path.basename(p) in ('site-packages', 'dist-packages')] + site.getsitepackages()))")
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     seen: list[str] = []
     for path in json.loads(proc.stdout):
@@ -97,7 +107,8 @@ def run_recording_module(stage: str, argv: list[str], record_path: Path, exit_me
 
     record_path.unlink(missing_ok=True)
     print(f"[{stage}] {' '.join(argv)}", flush=True)
-    code = subprocess.call(argv)
+    with interrupts.child(argv) as proc:
+        code = proc.wait()
     record = read_json(record_path) or {}
     problems = [] if code == 0 else [f"{argv[2]} exited with {code} ({exit_meaning.get(code, 'crashed')})"]
     if not record:

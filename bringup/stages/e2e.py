@@ -18,7 +18,7 @@ from ..artifacts import FAILED
 from .common import probe_versions, run_recording_module
 
 EXIT_MEANING = {1: "a rank failed or hung", 2: "bad arguments", 3: "ranks disagree or an answer is wrong",
-                124: "timed out", 130: "interrupted", 143: "terminated"}
+                124: "timed out", 129: "hung up", 130: "interrupted", 143: "terminated"}
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -11,6 +11,7 @@ import configparser
 import csv
 import fnmatch
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -69,6 +70,9 @@ def _dpkg_installed(package: str) -> bool:
 
 
 def venv(path: str, ctx: EnvContext) -> tuple[str, str]:
+    """A venv at ``path`` over the image's packages (``--system-site-packages``). When the image's
+    python is itself a venv (a user's), the new one also sees that venv's site-packages (a .pth
+    file), since ``--system-site-packages`` reaches only the base interpreter's."""
     root = Path(path)
     python = root / "bin" / "python"
     if python.exists():
@@ -76,11 +80,31 @@ def venv(path: str, ctx: EnvContext) -> tuple[str, str]:
         cfg.read_string("[venv]\n" + (root / "pyvenv.cfg").read_text())
         if cfg.get("venv", "include-system-site-packages", fallback="false").strip().lower() != "true":
             raise StepError(f"{path} exists but was made without --system-site-packages (remove it to let env remake it)")
+        outer = _see_outer_packages(ctx.python, str(python))
         _use_venv(root, ctx)
-        return UNCHANGED, f"{path} exists (with system site-packages)"
+        return (APPLIED if outer else UNCHANGED), f"{path} exists (with system site-packages){outer}"
     _run([ctx.python, "-m", "venv", "--system-site-packages", path], ctx, "python -m venv")
+    outer = _see_outer_packages(ctx.python, str(python))
     _use_venv(root, ctx)
-    return APPLIED, f"made {path} with --system-site-packages; later stages use {python}"
+    return APPLIED, f"made {path} with --system-site-packages{outer}; later stages use {python}"
+
+
+OUTER_PTH = "bringup-outer-site.pth"
+
+
+def _see_outer_packages(outer_python: str, inner_python: str) -> str:
+    """Put the site-packages folders ``outer_python`` sees and ``inner_python`` does not on the
+    inner one's path (a .pth in its purelib). Returns what it added, for the step's detail."""
+    wanted = site_packages(outer_python)
+    inner = site_packages(inner_python)
+    probe = subprocess.run([inner_python, "-c", "import sys, json; print(json.dumps(sys.path))"],
+                           capture_output=True, text=True, check=True)
+    seen = set(json.loads(probe.stdout))
+    missing = [folder for folder in wanted if folder not in seen]
+    if not missing:
+        return ""
+    (Path(inner[0]) / OUTER_PTH).write_text("".join(f"{folder}\n" for folder in missing))
+    return f", and the packages of {', '.join(missing)} ({outer_python} is itself a venv)"
 
 
 def _use_venv(root: Path, ctx: EnvContext) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -14,10 +15,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from common.clock import utc_now
+
 from .. import e2e_report
+from ..checkpoint import CheckpointError, check_checkpoint
+from ..config import default_max_model_len
+from ..tokenizer import load_tokenizer
 from ..tiny import CHECKPOINT_DIR
 from ..tiny.answer_key import AnswerKeyError
 from . import rank_env
+from .console import say
 from .job import Job
 from .prompts import PromptsError, load_prompts, model_answer_key
 from .supervisor import Supervisor
@@ -61,9 +68,20 @@ def torchrun_env() -> tuple[int, int, int] | None:
 
 
 def resolve_job(args: argparse.Namespace, world_size: int | None):
-    """The job and the model's answer key (or None) from the arguments; raises UsageError."""
+    """The job and the model's answer key (or None) from the arguments, after checking the
+    checkpoint and every prompt (nothing is started for a job that cannot run); raises UsageError."""
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (expected a checkpoint directory)")
+    for flag, value in (("--world-size", args.world_size), ("--max-prompts", args.max_prompts), ("--max-tokens", args.max_tokens)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    for flag, value in (("--timeout", args.timeout), ("--hang-timeout", args.hang_timeout)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} must be a number of seconds > 0, got {value}")
+    try:
+        config = check_checkpoint(args.model)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
     try:
         key = model_answer_key(args.model)
         if args.prompts is not None:
@@ -75,8 +93,6 @@ def resolve_job(args: argparse.Namespace, world_size: int | None):
     except (PromptsError, AnswerKeyError) as exc:
         raise UsageError(str(exc)) from None
     if args.max_prompts is not None:
-        if args.max_prompts < 1:
-            raise UsageError(f"--max-prompts must be at least 1, got {args.max_prompts}")
         prompts = prompts[: args.max_prompts]
     device = args.device
     if device == "auto":
@@ -85,25 +101,33 @@ def resolve_job(args: argparse.Namespace, world_size: int | None):
         raise UsageError("--device cuda but torch sees no CUDA device")
     gpus = torch.cuda.device_count() if device == "cuda" else 0
     world = world_size or args.world_size or (gpus if device == "cuda" else DEFAULT_CPU_RANKS)
-    if world < 1:
-        raise UsageError(f"--world-size must be at least 1, got {world}")
     if device == "cuda" and world_size is None and world > gpus:
         raise UsageError(f"--world-size {world} needs {world} GPUs on this host, torch sees {gpus}")
     if world_size is not None and args.world_size not in (None, world_size):
         raise UsageError(f"--world-size {args.world_size} but torchrun started {world_size} ranks")
     max_tokens = args.max_tokens if args.max_tokens is not None else (key.max_tokens if key is not None else DEFAULT_MAX_TOKENS)
-    if max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    check_prompt_lengths(args.model, config, prompts, args.prompts)
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     job = Job(model=str(args.model), prompts=tuple(prompts), max_tokens=max_tokens, world_size=world, device=device,
               dtype=dtype, ignore_eos=args.ignore_eos, enforce_eager=args.enforce_eager, hang_timeout=args.hang_timeout)
     return job, key
 
 
+def check_prompt_lengths(model: str, config, prompts: list[str], source: Path | None) -> None:
+    """Every prompt must leave room for a generated token under the engine's sequence limit."""
+    limit = default_max_model_len(config)
+    tokenizer = load_tokenizer(model, config)
+    for index, prompt in enumerate(prompts):
+        length = len(tokenizer.encode(prompt))
+        if length >= limit:
+            where = f"{source}: prompt {index}" if source is not None else f"prompt {index} of {Path(model) / 'answer_key.json'}"
+            raise UsageError(f"{where} has {length} tokens; the model's limit is {limit} (prompt + generated tokens)")
+
+
 def header(args: argparse.Namespace, started: str) -> dict:
     """The stage header of the report; ``ended`` is now."""
     return {"stage": "e2e", "image": args.image, "run_id": os.environ.get(RUN_ID_ENV), "started": started,
-            "ended": e2e_report.utc_now()}
+            "ended": utc_now()}
 
 
 def clear_previous(out: Path) -> None:
@@ -123,11 +147,11 @@ def run_local(args: argparse.Namespace) -> int:
     env_record = rank_env.apply(env, quirks["settings"])
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    started, t0 = e2e_report.utc_now(), time.monotonic()
+    started, t0 = utc_now(), time.monotonic()
     run_dir = Path(tempfile.mkdtemp(prefix=".run-", dir=out))
     try:
         job.save(run_dir / "job.json")
-        print(f"launch: {job.world_size} ranks on {job.device}, {len(job.prompts)} prompts, model {job.model}", flush=True)
+        say(f"launch: {job.world_size} ranks on {job.device}, {len(job.prompts)} prompts, model {job.model}")
         outcome = Supervisor(job, out, run_dir, env, args.timeout).run()
         results = {rank: json.loads(result_path(run_dir, rank).read_text())
                    for rank in range(job.world_size) if result_path(run_dir, rank).is_file()}
@@ -158,7 +182,7 @@ def run_torchrun(args: argparse.Namespace, rank: int, world_size: int, local_ran
     os.dup2(fd, 2)
     quirks = rank_env.quirks(single_host=False)
     env_record = rank_env.apply(os.environ, quirks["settings"])
-    started, t0 = e2e_report.utc_now(), time.monotonic()
+    started, t0 = utc_now(), time.monotonic()
     result = {**run_rank(job, rank, local_rank, "env://", lambda phase: None), "env": env_record}
     group = dist.new_group(backend="gloo")
     gathered = [None] * world_size if rank == 0 else None
@@ -182,13 +206,12 @@ def summarize(report: dict, out: Path) -> None:
     """A few lines on the launcher's stdout: the outcome, the answers, where the report is."""
     answers = report["answers"]
     scored = f", answers {answers['correct']}/{answers['scored']}" if answers else ""
-    print(f"launch: exit {report['exit_code']}{' (' + report['reason'] + ')' if report['reason'] else ''}; "
-          f"{report['world_size']} ranks, consistent={report['consistent']}{scored}, wall {report['timings']['wall_s']:.1f} s",
-          flush=True)
+    say(f"launch: exit {report['exit_code']}{' (' + report['reason'] + ')' if report['reason'] else ''}; "
+        f"{report['world_size']} ranks, consistent={report['consistent']}{scored}, wall {report['timings']['wall_s']:.1f} s")
     failure = report["failure"]
     if failure and failure.get("traceback"):
-        print("launch: rank %s traceback (end):\n  %s" % (failure["rank"], "\n  ".join(failure["traceback"][-6:])), flush=True)
-    print(f"launch: report {out / 'report.json'}", flush=True)
+        say("launch: rank %s traceback (end):\n  %s" % (failure["rank"], "\n  ".join(failure["traceback"][-6:])))
+    say(f"launch: report {out / 'report.json'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,5 +222,5 @@ def main(argv: list[str] | None = None) -> int:
             return run_torchrun(args, *under_torchrun)
         return run_local(args)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", err=True)
         return EXIT_USAGE

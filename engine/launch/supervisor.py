@@ -9,7 +9,7 @@ reaches only the launcher, which then stops the ranks in order), with its output
   a signal before one that exited with an error, as peers of a dead rank fail in turn);
 * no stepping rank rewrote its heartbeat for ``hang_timeout`` seconds (status 1): a collective
   hangs, the suspect is the rank with the oldest heartbeat;
-* ``timeout`` seconds passed (status 124), or SIGINT / SIGTERM arrived (130 / 143).
+* ``timeout`` seconds passed (status 124), or SIGINT / SIGTERM / SIGHUP arrived (130 / 143 / 129).
 
 Then every rank's process group gets SIGTERM (and SIGCONT, for stopped ones), SIGKILL after a
 grace period, and is reaped. Ranks also die with the launcher if it is killed outright
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import heartbeat
+from .console import say
 from .job import Job
 
 EXIT_OK, EXIT_RANK_FAILED, EXIT_TIMEOUT = 0, 1, 124
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 STACK_DUMP_WAIT_S = 1.0
 GRACE_S = 2.0
 PROC_STATES = {"R": "running", "S": "sleeping", "D": "disk-wait", "T": "stopped", "t": "traced", "Z": "zombie"}
@@ -121,7 +122,7 @@ class Supervisor:
             with open(self.out / f"rank{rank}.log", "wb") as log:
                 self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                                    env=self.env, start_new_session=True))
-            print(f"launch: rank {rank} started (pid {self.procs[-1].pid}, log {self.out / f'rank{rank}.log'})", flush=True)
+            say(f"launch: rank {rank} started (pid {self.procs[-1].pid}, log {self.out / f'rank{rank}.log'})")
             if self._signal is not None:
                 return
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kernels.atomic import write_text_atomic
+from common.files import to_json, write_text
 from . import heartbeat, rank_env
 from .job import Job
 
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     job = Job.load(args.run_dir / "job.json")
     result = run_rank(job, args.rank, args.rank, f"file://{args.run_dir / 'store'}",
                       lambda phase: heartbeat.beat(args.run_dir, args.rank, phase))
-    write_text_atomic(result_path(args.run_dir, args.rank), json.dumps({**result, "env": env}, ensure_ascii=False))
+    write_text(result_path(args.run_dir, args.rank), to_json({**result, "env": env}))
     heartbeat.beat(args.run_dir, args.rank, "done")
     import torch.distributed as dist
 

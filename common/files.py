@@ -1,0 +1,66 @@
+"""Files written whole or not at all, and JSON that is always strict.
+
+A write goes to a temporary file in the same folder, then is renamed over the target, so a
+reader sees the old file or the new one, never half of one; the temporary file is removed when
+anything goes wrong. Files are world-readable (0644). JSON is written without NaN or Infinity
+(they are not JSON): a non-finite float becomes ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, creating its folder if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-Infinity) replaced by None, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def to_json(value: Any, indent: int | None = None) -> str:
+    """Strict JSON text of ``value`` (non-finite floats as null; other objects by ``str``)."""
+    return json.dumps(finite(value), indent=indent, ensure_ascii=False, allow_nan=False, default=str)
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write ``value`` as strict, indented JSON atomically."""
+    write_text(path, to_json(value, indent=1) + "\n")
+
+
+def read_json(path: str | Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
