@@ -5,8 +5,8 @@
 
 Each case draws fresh seeded random inputs (identical on every machine), runs the backend
 and the reference, and compares every output (exact where the op demands it, else within the
-dtype's tolerance). ``--backend NAME`` tests the ops that have that backend (default: the
-registry's default here, which every op has). ``--all-backends`` also tests every other backend
+dtype's tolerance). ``--backend NAME`` tests the ops that have that backend (default:
+``ENGINE_OPS_BACKEND``, else the registry's default here, which every op has). ``--all-backends`` also tests every other backend
 (vendor ones included; torch, the reference itself, only as ``--backend``) of the selected ops.
 
 ``--dump DIR`` also saves the outputs: the ``--backend`` one's in ``DIR``, each other backend's
@@ -282,8 +282,8 @@ def dump_for(folder: str, backend: str) -> str:
 
 @dataclass
 class BackendRun:
-    """One backend's part of a run: its results, the cases on one side only (compare), where
-    its dump went, and why it did not run here (unavailable)."""
+    """One backend's part of a run: its results, the cases on one side only (compare), its dump
+    (written: relative to ``--dump DIR``; compared: the folder), and why it did not run here."""
 
     backend: str
     results: list[CaseResult] = field(default_factory=list)
@@ -333,14 +333,14 @@ def _run_backend(ops: list[Op], backend: str, primary: bool, args, quick: bool, 
         raise
     if writer:
         writer.commit({**header, "backend": backend})
-        run.dump = target
+        run.dump = "." if primary else backend  # relative to --dump DIR
     return run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.ab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help="comma-separated op names or globs (e.g. 'quant.*,norm')")
-    parser.add_argument("--backend", help="backend to test (default: what the registry would choose here)")
+    parser.add_argument("--backend", help="backend to test (default: ENGINE_OPS_BACKEND, else the registry's default here)")
     parser.add_argument("--all-backends", action="store_true", help="also test every other backend of the selected ops (dumps in DIR/<backend>)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", default=None, help="small shapes (default without a GPU)")
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    backend = (args.backend or registry.default_backend()).lower()
+    backend = (args.backend or registry.global_backend()).lower()
     known = {registry.TORCH} | {name for op in registry.ops().values() for name in op.backends}
     if backend not in known:
         print(f"error: --backend {backend!r}: no op has that backend (known: {', '.join(sorted(known))})", file=sys.stderr)

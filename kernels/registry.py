@@ -232,9 +232,14 @@ def default_backend() -> str:
     return "triton" if backend_env.unavailable_reason("triton") is None else TORCH
 
 
+def global_backend() -> str:
+    """``ENGINE_OPS_BACKEND``, else :func:`default_backend`."""
+    return (os.environ.get("ENGINE_OPS_BACKEND") or default_backend()).strip().lower()
+
+
 def requested_backend(op_name: str) -> str:
     per_op = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    value = os.environ.get(per_op) or os.environ.get("ENGINE_OPS_BACKEND") or default_backend()
+    value = os.environ.get(per_op) or global_backend()
     return value.strip().lower()
 
 
