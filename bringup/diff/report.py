@@ -58,7 +58,8 @@ def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
 
 def _comparison_blocks(comparison: KernelComparison, owners: dict[str, str]) -> list[Block]:
     """One comparison's per-op table, its cases beyond tolerance and its one-sided cases
-    (``owners``: what to call the side of ``only_in_a`` / ``only_in_b``)."""
+    (``owners``: what to call the side of ``only_in_a`` / ``only_in_b``; a side not named is
+    left to the caller)."""
     blocks: list[Block] = [Heading(3, comparison.column)]
     rows = [[s.op, str(s.cases), str(s.equal), str(s.close), str(s.differs), f"{s.worst_rel:.3g}", s.worst_case]
             for s in comparison.by_op().values()]
@@ -70,7 +71,7 @@ def _comparison_blocks(comparison: KernelComparison, owners: dict[str, str]) -> 
     if failures:
         blocks.append(Bullets(failures))
     for side, cases in comparison.one_side.items():
-        if cases:
+        if cases and side in owners:
             blocks.append(Paragraph(f"Cases dumped by {owners[side]} only: {', '.join(cases)}"))
     return blocks
 
@@ -98,8 +99,12 @@ def _within_blocks(result: DiffResult) -> list[Block]:
                   "reference by the ab stage (ab/results.json), so two backends may differ by up to twice the tolerance."),
     ]
     for comparison in result.within:
-        blocks += _comparison_blocks(comparison, {"only_in_a": comparison.backend,
-                                                  "only_in_b": f"the default backend (ops or calls {comparison.backend} does not serve)"})
+        blocks += _comparison_blocks(comparison, {"only_in_a": comparison.backend})
+        not_run = comparison.one_side.get("only_in_b", [])
+        if not_run:
+            ops = sorted({case.split("/")[0] for case in not_run})
+            blocks.append(Paragraph(f"Not run by {comparison.backend}: {len(not_run)} of the default backend's cases "
+                                    f"(ops without a {comparison.backend} backend and the calls it declines), of {', '.join(ops)}."))
     return blocks
 
 
