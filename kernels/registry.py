@@ -161,7 +161,7 @@ class Op:
         used, impl = self._call_fallback
         if strict():
             raise StrictFallbackError(f"{self.name}: backend '{backend}' cannot serve this call ({reason}) and "
-                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{used}'")
+                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{used}'") from None
         if reason not in self._call_fallback_reasons:
             self._call_fallback_reasons[reason] = used
             print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
