@@ -1,5 +1,5 @@
 """The engine with the vendor backends on and off, on the engine benchmark's ~4.6B random
-DeepseekV3. ``python -m benchmarks.engine_vendor [--model-dir DIR] [--out FILE] [--no-write]``.
+DeepseekV3. ``python -m benchmarks.engine_vendor [--parts decode,prefill] [--model-dir DIR] [--out FILE] [--no-write]``.
 
 On: ``ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK=deep_gemm`` and ``ENGINE_OPS_BACKEND_ATTN_MLA_DECODE=flash_mla``
 (each where it is available here); off: the same ops on ``triton``. Both settings use
@@ -128,6 +128,15 @@ def measure(args) -> list[Row]:
     ckpt = model.checkpoint(args.model_dir)
     default = {op: "triton" for op in chosen}
     rows = []
+    if "decode" in args.parts:
+        rows += decode_rows(ckpt, default, chosen)
+    if "prefill" in args.parts:
+        rows += prefill_rows(ckpt, default, chosen)
+    return rows
+
+
+def decode_rows(ckpt: Path, default: dict[str, str], chosen: dict[str, str]) -> list[Row]:
+    rows = []
     off, off_note = decode(ckpt, default)
     on, on_note = decode(ckpt, chosen)
     for batch in BATCHES:
@@ -135,6 +144,11 @@ def measure(args) -> list[Row]:
             peer = "-" if setting == "off" else harness.speedup(ms, off[batch][0], "vendor off")
             rows.append(Row(f"engine decode, vendor {setting}", f"b{batch} prompt{PROMPT} +{NEW} block{BLOCK} bf16",
                             f"{ms:.3f} ms/step", f"{tok_s:.0f} tok/s", "-", peer, note))
+    return rows
+
+
+def prefill_rows(ckpt: Path, default: dict[str, str], chosen: dict[str, str]) -> list[Row]:
+    rows = []
     fp8 = model.fp8_checkpoint(ckpt)
     off_ttft, off_note = prefill(fp8, default)
     on_ttft, on_note = prefill(fp8, chosen)
@@ -148,7 +162,12 @@ def measure(args) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
-    return harness.run("engine with vendor backends on and off", measure, p.parse_args(argv))
+    p.add_argument("--parts", default="decode,prefill", type=lambda v: {x.strip() for x in v.split(",") if x.strip()},
+                   help="decode, prefill or both (default: both)")
+    args = p.parse_args(argv)
+    if not args.parts or args.parts - {"decode", "prefill"}:
+        p.error(f"--parts: expected decode and/or prefill, got {','.join(sorted(args.parts)) or 'nothing'}")
+    return harness.run("engine with vendor backends on and off", measure, args)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@
 #   vendor-ab      python -m kernels.ab --full --backend deep_gemm, then --backend flash_mla
 #   vendor-bench   python -m benchmarks.gemm and benchmarks.vendor (side by side, direct vs registry;
 #                  gemm only when the bench step does not run it)
-#   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off)
+#   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
+#                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
 #   vendor         all four (VENDOR_LIMIT seconds per step, default 420; vendor-engine 600)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
 set -u
@@ -97,7 +98,8 @@ for family in gemm vendor; do  # gemm measures every backend: skipped here when 
   want bench && [[ ,$BENCH, == *,$family,* ]] && continue
   want vendor-bench && step "bench-$family" "$VLIMIT" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
 done
-want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor --out "$OUT/performance.md"
+want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor \
+  ${VENDOR_ENGINE_PARTS:+--parts "$VENDOR_ENGINE_PARTS"} --out "$OUT/performance.md"
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 

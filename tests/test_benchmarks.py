@@ -29,6 +29,14 @@ def test_each_vendor_family_without_a_gpu_says_so_and_writes_nothing(family, tmp
     assert not out.exists() and "no CUDA device" in capsys.readouterr().err
 
 
+def test_engine_vendor_refuses_unknown_parts(capsys):
+    from benchmarks import engine_vendor
+
+    with pytest.raises(SystemExit) as info:
+        engine_vendor.main(["--parts", "decode,warmup"])
+    assert info.value.code == 2 and "--parts: expected decode and/or prefill, got decode,warmup" in capsys.readouterr().err
+
+
 def test_unknown_family_is_refused(capsys):
     assert suite.main(["--only", "ops,warp_drive"]) == 2
     assert "warp_drive" in capsys.readouterr().err
