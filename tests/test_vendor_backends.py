@@ -40,6 +40,16 @@ def fresh_registry(monkeypatch):
     registry.reset()
 
 
+@pytest.fixture
+def fake_root(tmp_path):
+    """A folder for fake vendor packages; those imported from it leave sys.modules afterwards."""
+    yield tmp_path
+    for name in backend_env.VENDOR:
+        module = sys.modules.get(name)
+        if module is not None and str(tmp_path) in (getattr(module, "__file__", None) or ""):
+            del sys.modules[name]
+
+
 def fake_extension(root: Path, name: str, body: str = "") -> Path:
     """A package ``name`` under ``root`` whose ``__init__`` runs ``body``; returns ``root``."""
     (root / name).mkdir(parents=True)
@@ -89,7 +99,8 @@ def test_without_the_extension_and_cuda_the_reason_names_both():
     assert info["torch"]["available"] and info["triton"]["falls_back_to"] == "torch"
 
 
-def test_each_missing_condition_is_named_alone(monkeypatch, tmp_path):
+def test_each_missing_condition_is_named_alone(monkeypatch, fake_root):
+    tmp_path = fake_root
     monkeypatch.syspath_prepend(str(fake_extension(tmp_path, "deep_gemm", "raise ImportError('libcuda.so.1: cannot open shared object file')")))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     backend_env.reset()
