@@ -1,11 +1,15 @@
-"""``gemm.fp8_block`` (128x128 block scales) at DeepSeek-V3 shapes beside cuBLAS FP8 row-wise
-``torch._scaled_mm`` on the same shapes. ``python -m benchmarks.gemm [--tune] [--out FILE] [--no-write]``.
+"""``gemm.fp8_block`` (128x128 block scales) at DeepSeek-V3 shapes, every backend available here
+(``triton``; ``deep_gemm`` where DeepGEMM is eligible) side by side with cuBLAS FP8 row-wise
+``torch._scaled_mm``, all on the same operands. ``python -m benchmarks.gemm [--tune] [--out FILE] [--no-write]``.
 
-M in {64, 128, 4096}; (N, K) in {(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168)}.
-By default each shape runs its untimed default configuration (``ENGINE_OPS_TUNE=0``): tuning
-compiles every candidate of every shape, about a minute on its own. ``--tune`` times the
-configuration the engine would tune to. Small M is bound by the weight bytes, so rows also
-give TB/s (A, B, scales read, C written once).
+M in {1, 64, 128, 4096}; (N, K) in {(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168)}.
+By default each shape runs Triton's untimed default configuration (``ENGINE_OPS_TUNE=0``):
+tuning compiles every candidate of every shape, about a minute on its own. ``--tune`` times the
+configuration the engine would tune to. A vendor backend is timed through the registry's
+implementation (its scale-layout conversion included). cuBLAS gets the same FP8 codes with
+row-wise scales (the first scale of each activation row, each weight row's block scale): the
+same bytes and FLOPs, not the same math. Small M is bound by the weight bytes, so rows also give
+TB/s (A, B, scales read, C written once).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 from . import harness
 from .harness import Row
 
-SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
+SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
+BACKENDS = ("triton", "deep_gemm")
 
 
 def operands(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -32,31 +37,62 @@ def operands(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
     return a, sa, b, sb
 
 
+def cublas_rowwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor):
+    """cuBLAS FP8 GEMM of the same codes with row-wise scales (fast accumulation), bf16 out."""
+    n = b.shape[0]
+    scale_a = sa[:, :1].contiguous()
+    scale_b = sb[:, :1].repeat_interleave(128, dim=0)[:n].t().contiguous()
+    return lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def available_backends() -> list[str]:
+    """The backends of :data:`BACKENDS` that can run here; says why the others cannot."""
+    from kernels import backend_env
+
+    here = []
+    for name in BACKENDS:
+        reason = backend_env.unavailable_reason(name)
+        if reason:
+            print(f"gemm: {name} not measured: {reason}", file=sys.stderr)
+        else:
+            here.append(name)
+    return here
+
+
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
-    from kernels.triton.gemm import fp8_block
+    from kernels import registry
 
+    op = registry.get("gemm.fp8_block")
+    impls = {name: op.load(name) for name in available_backends()}
     ceiling = harness.fp8_gemm_flops()
     copy = harness.copy_bandwidth()
     rows = []
     for m, n, k in SHAPES:
         a, sa, b, sb = operands(m, n, k)
-        ms = harness.median_ms(lambda: fp8_block(a, sa, b, sb, torch.bfloat16), graph=m <= 128)
-        peer_ms = harness.median_ms(harness.scaled_mm_rowwise(m, n, k), graph=m <= 128)
+        graph = m <= 128
+        try:
+            peer_ms, peer_note = harness.median_ms(cublas_rowwise(a, sa, b, sb), graph=graph), ""
+        except RuntimeError as exc:  # a shape cuBLAS's FP8 path refuses: say so, keep the other rows
+            peer_ms, peer_note = None, f"cuBLAS refused: {str(exc).splitlines()[0][:80]}"
         flops = 2 * m * n * k
         nbytes = m * k + n * k + (m + n // 128 + 1) * (k // 128) * 4 + m * n * 2
-        rows.append(Row("gemm.fp8_block", f"{m}x{n}x{k}", f"{ms:.4f} ms", f"{harness.tflop_s(flops, ms):.0f} TFLOP/s",
-                        harness.percent(flops / (ms * 1e-3), ceiling, f"cuBLAS FP8 {ceiling / 1e12:.0f} TFLOP/s"),
-                        harness.speedup(ms, peer_ms, "cuBLAS FP8 row-wise"),
-                        f"{harness.tb_s(nbytes, ms):.2f} TB/s ({harness.percent(nbytes / (ms * 1e-3), copy, 'copy')}); "
-                        f"{'tuned' if args.tune else 'default config'}"))
+        for name, impl in impls.items():
+            ms = harness.median_ms(lambda: impl(a, sa, b, sb, torch.bfloat16), graph=graph)
+            config = ("tuned" if args.tune else "default config") if name == "triton" else "its own heuristics"
+            rows.append(Row("gemm.fp8_block" + ("" if name == "triton" else f" {name}"), f"{m}x{n}x{k}", f"{ms:.4f} ms",
+                            f"{harness.tflop_s(flops, ms):.0f} TFLOP/s",
+                            harness.percent(flops / (ms * 1e-3), ceiling, f"cuBLAS FP8 {ceiling / 1e12:.0f} TFLOP/s"),
+                            harness.speedup(ms, peer_ms, "cuBLAS FP8 row-wise") if peer_ms else "-",
+                            f"backend {name}; {harness.tb_s(nbytes, ms):.2f} TB/s ({harness.percent(nbytes / (ms * 1e-3), copy, 'copy')}); "
+                            f"{config}; " + (peer_note or f"cuBLAS {peer_ms:.4f} ms on the same codes")))
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--tune", action="store_true", help="time the tuned configuration instead of each shape's default")
-    return harness.run("gemm.fp8_block vs cuBLAS FP8 row-wise", measure, p.parse_args(argv))
+    return harness.run("gemm.fp8_block backends vs cuBLAS FP8 row-wise", measure, p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -181,6 +181,9 @@ def run(title: str, measure: Callable[[argparse.Namespace], list[Row]], args: ar
         print(f"{title}: {reason}; benchmarks need a GPU, nothing measured or written", file=sys.stderr)
         return 0
     rows = measure(args)
+    if not rows:
+        print(f"{title}: nothing measured here (see above), nothing written", file=sys.stderr)
+        return 0
     print_rows(rows, title)
     if not args.no_write:
         append_rows(rows, args.out)

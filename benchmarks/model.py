@@ -1,9 +1,9 @@
-"""The engine benchmarks' model: a ~4.6B-parameter DeepseekV3 with random bf16 weights, and the
-bytes one decode step must read.
+"""The engine benchmarks' model: a ~4.6B-parameter DeepseekV3 with random bf16 weights (and its
+FP8 copy), and the bytes one decode step must read.
 
 The checkpoint is made once with transformers (random init on the GPU, ``save_pretrained``)
 and kept in a folder (default ``artifacts/bench/deepseek-v3-4.6b-random``), so the decode and
-prefill benchmarks load the same weights.
+prefill benchmarks load the same weights; :func:`fp8_checkpoint` quantizes it next to it.
 """
 
 from __future__ import annotations
@@ -51,6 +51,41 @@ def checkpoint(model_dir: Path, model=None) -> Path:
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir)
     return model_dir
+
+
+def is_fp8_projection(name: str, tensor: torch.Tensor) -> bool:
+    """The weights :func:`fp8_checkpoint` quantizes: 2-D ``*_proj.weight`` tensors whose both
+    dimensions are multiples of 128 (so fused gate/up pairs stay aligned). In :data:`CONFIG` that
+    leaves the routed experts (moe_intermediate_size 704) and kv_a_proj_with_mqa (576 outputs) in bf16."""
+    return name.endswith("_proj.weight") and tensor.dim() == 2 and tensor.shape[0] % 128 == 0 and tensor.shape[1] % 128 == 0
+
+
+def fp8_checkpoint(model_dir: Path, out_dir: Path | None = None) -> Path:
+    """An FP8 copy of the checkpoint in ``model_dir`` (default folder: ``<model_dir>-fp8``): every
+    :func:`is_fp8_projection` weight as float8_e4m3fn with its 128x128 ``weight_scale_inv`` (as
+    DeepSeek-V3 ships them, quantized on the GPU if there is one), the rest as saved, ``quantization_config`` in
+    config.json. Reused when complete: config.json is written last."""
+    from safetensors.torch import load_file, save_file
+
+    from kernels.ops.quant import quantize_weight
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = out_dir or model_dir.with_name(model_dir.name + "-fp8")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    done = out / "config.json"
+    if done.is_file() and json.loads(done.read_text()) == config and list(out.glob("*.safetensors")):
+        return out
+    done.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        for name in [n for n, t in tensors.items() if is_fp8_projection(n, t)]:
+            q, scale = quantize_weight(tensors[name].to(device))
+            tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = q.cpu(), scale.cpu()
+        save_file(tensors, str(out / shard.name), metadata={"format": "pt"})
+    done.write_text(json.dumps(config, indent=1))
+    return out
 
 
 def parameter_bytes(cfg: dict, dtype_bytes: int = 2) -> dict[str, float]:

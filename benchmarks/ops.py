@@ -24,6 +24,30 @@ TOKENS = 16384
 HIDDEN = 7168
 
 
+def decode_inputs(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16) -> tuple[tuple, dict]:
+    """``attn.mla_decode`` arguments on the GPU: DeepSeek-V3's latent (512 + 64) and scale, every
+    sequence at ``context`` tokens in a randomly placed paged cache of ``page``-slot blocks."""
+    dev, bf16 = "cuda", torch.bfloat16
+    width = context // page
+    cache = torch.randn(batch * width, page, 576, device=dev).to(FP8 if fp8 else bf16)
+    tables = torch.randperm(batch * width, device=dev, dtype=torch.int32).view(batch, width)
+    lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
+    q = torch.randn(batch, heads, 576, device=dev, dtype=bf16)
+    kwargs = {"kv_scale": torch.rand(batch * width, page, device=dev)} if fp8 else {}
+    return (q, cache, tables, lens, 192 ** -0.5, 512), kwargs
+
+
+def decode_bytes(batch: int, heads: int, context: int, row_bytes: int, page: int = 16) -> int:
+    """Bytes one decode call must move: every cache row read once, q read and o written once,
+    the block tables read."""
+    return batch * context * row_bytes + batch * heads * (576 + 512) * 2 + batch * context // page * 4
+
+
+def decode_flops(batch: int, heads: int, context: int) -> float:
+    """Matmul FLOPs of one decode call (scores over 576 channels, values over 512)."""
+    return 2.0 * batch * heads * context * (576 + 512)
+
+
 def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
     """``(op, label, shape, make_inputs, bytes moved, flops)``; flops > 0 marks a compute-bound case."""
     dev, bf16 = "cuda", torch.bfloat16
@@ -54,19 +78,8 @@ def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
             return args, ({"scale": torch.zeros(tokens // page, page, device=dev)} if fp8 else {})
         return make
 
-    def decode(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16):
-        def make():
-            width = context // page
-            cache = torch.randn(batch * width, page, 576, device=dev).to(FP8 if fp8 else bf16)
-            tables = torch.randperm(batch * width, device=dev, dtype=torch.int32).view(batch, width)
-            lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
-            q = torch.randn(batch, heads, 576, device=dev, dtype=bf16)
-            kwargs = {"kv_scale": torch.rand(batch * width, page, device=dev)} if fp8 else {}
-            return (q, cache, tables, lens, 192 ** -0.5, 512), kwargs
-        return make
-
-    def decode_bytes(batch, heads, context, row_bytes):
-        return batch * context * row_bytes + batch * heads * (576 + 512) * 2 + batch * context // 16 * 4
+    def decode(batch: int, heads: int, context: int, fp8: bool = False):
+        return lambda: decode_inputs(batch, heads, context, fp8)
 
     store_rows = 65536 * 576
     return [
@@ -80,7 +93,7 @@ def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
         ("attn.mla_decode", "mla_decode", "b32 h16 ctx8192 page16 bf16", decode(32, 16, 8192), decode_bytes(32, 16, 8192, 1152), 0.0),
         ("attn.mla_decode", "mla_decode fp8 cache", "b32 h16 ctx8192 page16", decode(32, 16, 8192, True), decode_bytes(32, 16, 8192, 580), 0.0),
         ("attn.mla_decode", "mla_decode", "b32 h128 ctx4096 page16 bf16", decode(32, 128, 4096), decode_bytes(32, 128, 4096, 1152),
-         2.0 * 32 * 128 * 4096 * (576 + 512)),
+         decode_flops(32, 128, 4096)),
     ]
 
 

@@ -6,7 +6,8 @@ image's Python.
     artifacts/<image>/env.json                   env stage
     artifacts/<image>/build.json                 build stage (+ logs/build-<target>.log)
     artifacts/<image>/verify.json                verify stage
-    artifacts/<image>/ab/results.json            ab stage (+ ab/manifest.json, ab/*.safetensors)
+    artifacts/<image>/ab/results.json            ab stage (+ ab/manifest.json, ab/*.safetensors: the default
+                                                 backend's dump; ab/<backend>/: each other available backend's)
     artifacts/<image>/logs/<stage>.log           each stage's output
     artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
 

@@ -1,13 +1,14 @@
-"""Ops registry, Triton kernels with torch references, the A/B harness and the Triton probe.
+"""Ops registry, Triton kernels with torch references, vendor backends (DeepGEMM, FlashMLA), the
+A/B harness and the Triton probe.
 
-``import kernels`` never needs Triton: the torch references always serve.
+``import kernels`` never needs Triton nor imports a vendor extension: the torch references always serve.
 
     from kernels.ops import norm
     y = norm.rmsnorm(x, weight, 1e-6)
-    kernels.report()      # which backend each op resolved to, and every fallback
+    kernels.report()      # each op's backend, every fallback (of an op or of one call), each backend's eligibility
     kernels.verify()      # resolve every op now; raises under ENGINE_OPS_STRICT=1
 """
 
-from .registry import StrictFallbackError, report, verify
+from .registry import StrictFallbackError, UnsupportedCall, report, verify
 
-__all__ = ["StrictFallbackError", "report", "verify"]
+__all__ = ["StrictFallbackError", "UnsupportedCall", "report", "verify"]

@@ -1,12 +1,24 @@
 """A/B harness: every op's backend against its torch reference, and cross-image dump/compare.
 
-    python -m kernels.ab [--ops PATTERN] [--backend NAME] [--quick] [--dump DIR] [--compare DIR] [--json FILE]
+    python -m kernels.ab [--ops PATTERN] [--backend NAME] [--all-backends] [--quick|--full]
+                         [--dump DIR] [--compare DIR] [--json FILE]
 
 Each case draws fresh seeded random inputs (identical on every machine), runs the backend
 and the reference, and compares every output (exact where the op demands it, else within the
-dtype's tolerance). ``--dump DIR`` also saves the backend's outputs; ``--compare DIR`` runs the
-dump's cases here and compares element-wise with it instead of with the reference.
-Exit status: 0 all passed, 1 a case failed or differs, 2 unusable input (bad dump, bad flag).
+dtype's tolerance). ``--backend NAME`` tests the ops that have that backend (default:
+``ENGINE_OPS_BACKEND``, else the registry's default here, which every op has). ``--all-backends`` also tests every other backend
+(vendor ones included; torch, the reference itself, only as ``--backend``) of the selected ops.
+
+``--dump DIR`` also saves the outputs: the ``--backend`` one's in ``DIR``, each other backend's
+in ``DIR/<backend>``. ``--compare DIR`` runs the dump's cases here and compares element-wise
+with it instead of with the reference, each backend with ``DIR/<backend>`` when the dump has
+that folder, else with ``DIR`` itself.
+
+A backend that is unavailable here is reported as such: its cases are skipped with the reason
+(and under ``--all-backends`` it is listed, not run); a call a backend declines (a vendor kernel
+that writes bf16 only, asked for fp32) is a skipped case with the reason, not a pass.
+Exit status: 0 nothing failed (unavailable backends included), 1 a case failed or differs,
+2 unusable input (bad dump, bad flag, no selected op with that backend).
 """
 
 from __future__ import annotations
@@ -23,12 +35,12 @@ from typing import Any, Iterable
 
 import torch
 
-from . import registry
+from . import backend_env, registry
 from .cases import Case, case_seed, generator
 from .compare import DIFFERS, EQUAL, OutputDiff, compare
 from .atomic import write_text_atomic
-from .dump import DumpError, DumpWriter, read
-from .registry import BackendUnavailable, Op
+from .dump import MANIFEST, DumpError, DumpWriter, read
+from .registry import BackendUnavailable, Op, UnsupportedCall
 from .versions import probe
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -68,6 +80,21 @@ def select_ops(pattern: str | None) -> list[Op]:
     if not chosen:
         raise ValueError(f"--ops {pattern!r} matches no op; known: {', '.join(all_ops)}")
     return chosen
+
+
+def ops_with(ops: list[Op], backend: str) -> list[Op]:
+    """The ops among ``ops`` that have ``backend`` (all of them for the torch reference)."""
+    return list(ops) if backend == registry.TORCH else [op for op in ops if backend in op.backends]
+
+
+def other_backends(ops: list[Op], primary: str) -> list[str]:
+    """Every non-torch backend some op of ``ops`` has, except ``primary``, in declaration order."""
+    declared = {name for op in ops for name in op.backends}
+    return [name for name in backend_env.BACKENDS if name in declared and name not in (primary, registry.TORCH)]
+
+
+def declined(backend: str, exc: UnsupportedCall) -> str:
+    return f"{backend} does not serve this call: {exc}"
 
 
 def device_for(backend: str) -> torch.device:
@@ -116,6 +143,8 @@ def _run_one(op: Op, case: Case, backend: str, impl, seed: int, device: torch.de
         out = as_outputs(op, impl(*args, **kwargs))
         if device.type == "cuda":
             torch.cuda.synchronize()
+    except UnsupportedCall as exc:
+        return CaseResult(op.name, case.id, backend, SKIPPED, declined(backend, exc))
     except Exception as exc:  # noqa: BLE001 - a crashing backend is a failed case, reported
         return CaseResult(op.name, case.id, backend, FAILED, f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - start
@@ -167,6 +196,8 @@ def _compare_one(op: Op, case: Case, backend: str, dump, entry: dict, seed: int,
     start = time.perf_counter()
     try:
         out = as_outputs(op, impl(*args, **kwargs))
+    except UnsupportedCall as exc:
+        return CaseResult(op.name, case.id, backend, SKIPPED, declined(backend, exc))
     except Exception as exc:  # noqa: BLE001 - a crashing backend is a failed case, reported
         return CaseResult(op.name, case.id, backend, FAILED, f"{type(exc).__name__}: {exc}")
     diffs = [compare(name, out[name], expected[name], name in op.exact, op.tolerances) for name in expected]
@@ -243,10 +274,74 @@ def use_interpreter_without_gpu() -> None:
         print("note: no CUDA device; running Triton kernels under TRITON_INTERPRET=1", file=sys.stderr)
 
 
+def dump_for(folder: str, backend: str) -> str:
+    """The dump of ``backend`` in ``folder``: its ``folder/<backend>`` sub-dump when there is one."""
+    sub = Path(folder) / backend
+    return str(sub) if (sub / MANIFEST).is_file() else folder
+
+
+@dataclass
+class BackendRun:
+    """One backend's part of a run: its results, the cases on one side only (compare), its dump
+    (written: relative to ``--dump DIR``; compared: the folder), and why it did not run here."""
+
+    backend: str
+    results: list[CaseResult] = field(default_factory=list)
+    one_side: dict[str, list[str]] = field(default_factory=dict)
+    dump: str | None = None
+    unavailable: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"summary": summary(self.results), "one_side": self.one_side, "dump": self.dump, "unavailable": self.unavailable}
+
+
+def _progress():
+    last = [time.perf_counter()]
+
+    def progress(result: CaseResult) -> None:
+        now = time.perf_counter()
+        seconds, last[0] = now - last[0], now
+        if result.status != FAILED:
+            print(f"{result.status} {result.op}/{result.case} [{result.backend}] ({seconds:.1f} s)", file=sys.stderr, flush=True)
+            return
+        bad = [d for d in result.outputs if d.status == DIFFERS]
+        where = "; ".join(f"{d.output}{d.first_diff or ''} differs ({d.detail})" for d in bad)
+        print(f"FAILED {result.op}/{result.case}: " + "; ".join(x for x in (where, result.reason) if x), file=sys.stderr, flush=True)
+    return progress
+
+
+def _run_backend(ops: list[Op], backend: str, primary: bool, args, quick: bool, header: dict[str, Any], progress) -> BackendRun:
+    """Run (or compare) one backend; a non-primary backend that is unavailable here is only noted."""
+    run = BackendRun(backend, unavailable=backend_env.unavailable_reason(backend))
+    if run.unavailable and not primary:
+        return run
+    if args.compare:
+        folder = dump_for(args.compare, backend)
+        if not primary and folder == args.compare:
+            run.unavailable = f"the dump {args.compare} has no {backend}/ folder"
+            return run
+        run.results, run.one_side = compare_with_dump(ops, backend, folder, progress)
+        run.dump = folder
+        return run
+    target = None if not args.dump else (args.dump if primary else str(Path(args.dump) / backend))
+    writer = DumpWriter(target) if target else None
+    try:
+        run.results = run_cases(ops, backend, quick, args.seed, progress, writer)
+    except BaseException:
+        if writer:
+            writer.abort()
+        raise
+    if writer:
+        writer.commit({**header, "backend": backend})
+        run.dump = "." if primary else backend  # relative to --dump DIR
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.ab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help="comma-separated op names or globs (e.g. 'quant.*,norm')")
-    parser.add_argument("--backend", help="backend to test (default: what the registry would choose here)")
+    parser.add_argument("--backend", help="backend to test (default: ENGINE_OPS_BACKEND, else the registry's default here)")
+    parser.add_argument("--all-backends", action="store_true", help="also test every other backend of the selected ops (dumps in DIR/<backend>)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", default=None, help="small shapes (default without a GPU)")
     size.add_argument("--full", dest="quick", action="store_false", help="DeepSeek-V3 shapes (default with a GPU)")
@@ -263,62 +358,49 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    backend = (args.backend or registry.default_backend()).lower()
+    backend = (args.backend or registry.global_backend()).lower()
     known = {registry.TORCH} | {name for op in registry.ops().values() for name in op.backends}
     if backend not in known:
         print(f"error: --backend {backend!r}: no op has that backend (known: {', '.join(sorted(known))})", file=sys.stderr)
         return 2
+    if not ops_with(ops, backend):
+        having = [name for name, op in registry.ops().items() if backend in op.backends]
+        print(f"error: --backend {backend!r}: none of the selected ops ({', '.join(op.name for op in ops)}) has it "
+              f"(ops with it: {', '.join(having)})", file=sys.stderr)
+        return 2
     quick = args.quick if args.quick is not None else not torch.cuda.is_available()
     versions = probe()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-    last = [time.perf_counter()]
-
-    def progress(result: CaseResult) -> None:
-        now = time.perf_counter()
-        seconds, last[0] = now - last[0], now
-        if result.status != FAILED:
-            print(f"{result.status} {result.op}/{result.case} ({seconds:.1f} s)", file=sys.stderr, flush=True)
-            return
-        bad = [d for d in result.outputs if d.status == DIFFERS]
-        where = "; ".join(f"{d.output}{d.first_diff or ''} differs ({d.detail})" for d in bad)
-        print(f"FAILED {result.op}/{result.case}: " + "; ".join(x for x in (where, result.reason) if x), file=sys.stderr, flush=True)
-
-    one_side: dict[str, list[str]] = {}
-    if args.compare:
+    header = {"seed": args.seed, "quick": quick, "versions": versions, "created": started}
+    chosen = [backend] + (other_backends(ops, backend) if args.all_backends else [])
+    progress = _progress()
+    runs: list[BackendRun] = []
+    for name in chosen:
         try:
-            results, one_side = compare_with_dump(ops, backend, args.compare, progress)
+            runs.append(_run_backend(ops_with(ops, name), name, name == backend, args, quick, header, progress))
         except DumpError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        title = f"compare {backend} here with dump {args.compare}"
-    else:
-        writer = DumpWriter(args.dump) if args.dump else None
-        try:
-            results = run_cases(ops, backend, quick, args.seed, progress, writer)
-        except BaseException:
-            if writer:
-                writer.abort()
-            raise
-        if writer:
-            writer.commit({"backend": backend, "seed": args.seed, "quick": quick, "versions": versions, "created": started})
-        title = f"A/B {backend} vs torch reference ({'quick' if quick else 'full'} shapes)"
-
-    print_table(results, title, bool(args.compare))
-    for side, cases in one_side.items():
-        if cases:
-            print(f"{side.replace('_', ' ')}: {len(cases)} case(s): {', '.join(cases)}")
+    results = [r for run in runs for r in run.results]
+    mode = f"compare with dump {args.compare}" if args.compare else f"vs torch reference ({'quick' if quick else 'full'} shapes)"
+    print_table(results, f"A/B {', '.join(run.backend for run in runs if run.results or run.backend == backend)} {mode}", bool(args.compare))
+    for run in runs:
+        for side, cases in run.one_side.items():
+            if cases:
+                print(f"{run.backend}: {side.replace('_', ' ')}: {len(cases)} case(s): {', '.join(cases)}")
+    not_run = [run for run in runs if run.unavailable]
+    for run in not_run:
+        print(f"{run.backend}: not run here: {run.unavailable}")
     counts = summary(results)
     if args.json:
         payload = {"schema": 1, "mode": "compare" if args.compare else "ab", "backend": backend, "quick": quick,
                    "seed": args.seed, "started": started, "versions": versions, "summary": counts,
-                   "one_side": one_side, "results": [r.to_json() for r in results]}
+                   "one_side": runs[0].one_side, "backends": {run.backend: run.to_json() for run in runs},
+                   "results": [r.to_json() for r in results]}
         write_text_atomic(Path(args.json), json.dumps(payload, indent=1, default=str) + "\n")
-    print(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped")
+    tail = f"; not run here: {', '.join(run.backend for run in not_run)} (unavailable, see above)" if not_run else ""
+    print(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{tail}")
     return 1 if counts[FAILED] else 0
-
-
-
 
 
 if __name__ == "__main__":

@@ -1,15 +1,50 @@
-"""Whether a non-torch backend can run in this process, and why not.
+"""The backends, each declared once with its eligibility rule, and why one cannot run here.
 
-Triton runs compiled on a CUDA device or on CPU tensors under ``TRITON_INTERPRET=1``.
-The answer is computed once per process (``reset()`` forgets it, for tests).
+============  ==============================================================  ==============
+backend       eligible where                                                  falls back to
+============  ==============================================================  ==============
+``torch``     always (the reference)                                          -
+``triton``    Triton imports, and a CUDA device or ``TRITON_INTERPRET=1``     ``torch``
+``deep_gemm`` the ``deep_gemm`` extension imports on a CUDA device of         ``triton``
+              compute capability 9.x (Hopper: its SM90 kernels)
+``flash_mla`` the ``flash_mla`` extension imports on a CUDA device of         ``triton``
+              compute capability 9.x (its dense decode is SM90-only)
+============  ==============================================================  ==============
+
+An op that cannot use its requested backend goes down the backend's ``falls_back_to`` chain
+(see :mod:`kernels.registry`). A vendor backend's answer is computed once per process (``reset()``
+forgets it, for tests). Checking a vendor backend looks for its extension without importing it and
+imports it only when the device fits, so ``import kernels`` never imports a vendor extension.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: where an op goes when it cannot serve, and for a vendor backend the
+    extension that must import and the CUDA compute capability (major) its kernels need."""
+
+    name: str
+    falls_back_to: str | None
+    extension: str | None = None
+    capability: int | None = None
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("torch", None),
+    Backend("triton", "torch"),
+    Backend("deep_gemm", "triton", extension="deep_gemm", capability=9),
+    Backend("flash_mla", "triton", extension="flash_mla", capability=9),
+)}
+VENDOR = tuple(name for name, b in BACKENDS.items() if b.extension)
 
 
 def interpret_mode() -> bool:
@@ -33,18 +68,78 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_device() -> tuple[str, tuple[int, int]] | None:
+    """The current CUDA device's name and compute capability, or None without one."""
+    if not _cuda_available():
+        return None
+    import torch
+
+    index = torch.cuda.current_device()
+    return torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index))
+
+
+def _extension_findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken half-imported module counts as not findable
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _vendor_reason(backend: Backend) -> str | None:
+    problems = []
+    if not _extension_findable(backend.extension):
+        problems.append(f"extension '{backend.extension}' is not importable (no module '{backend.extension}' on "
+                        f"sys.path: build it with the build stage and put its folder on PYTHONPATH)")
+    device = cuda_device()
+    if device is None:
+        problems.append(f"no CUDA device ({backend.name} needs compute capability {backend.capability}.x)")
+    elif device[1][0] != backend.capability:
+        problems.append(f"{device[0]} has compute capability {device[1][0]}.{device[1][1]} "
+                        f"({backend.name} needs {backend.capability}.x)")
+    if problems:
+        return "; ".join(problems)
+    try:
+        importlib.import_module(backend.extension)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason to report
+        return f"importing extension '{backend.extension}' failed: {type(exc).__name__}: {exc}"
+    return None
+
+
 def unavailable_reason(backend: str) -> str | None:
     """None when ``backend`` can run here, else a one-line reason."""
+    spec = BACKENDS.get(backend)
+    if spec is None:
+        return f"unknown backend '{backend}' (known: {', '.join(BACKENDS)})"
+    if spec.extension:
+        return _vendor_reason(spec)
     if backend == "torch":
         return None
-    if backend != "triton":
-        return f"unknown backend '{backend}' (known: torch, triton)"
     err = _triton_import_error()
     if err:
         return err
     if not (interpret_mode() or _cuda_available()):
         return "no CUDA device and TRITON_INTERPRET is not set"
     return None
+
+
+def fallback_chain(backend: str) -> list[str]:
+    """The backends an op tries, in order, when ``backend`` cannot serve it (torch last)."""
+    chain: list[str] = []
+    spec = BACKENDS.get(backend)
+    nxt = spec.falls_back_to if spec else "torch"
+    while nxt is not None:
+        chain.append(nxt)
+        nxt = BACKENDS[nxt].falls_back_to
+    return chain
+
+
+def backends_info() -> dict[str, dict[str, Any]]:
+    """Every backend: whether it can run here, why not, and where ops fall back from it."""
+    return {name: {"available": unavailable_reason(name) is None, "reason": unavailable_reason(name),
+                   "falls_back_to": spec.falls_back_to}
+            for name, spec in BACKENDS.items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,4 +169,6 @@ def _distribution_of(import_name: str) -> str | None:
 def reset() -> None:
     _triton_import_error.cache_clear()
     _cuda_available.cache_clear()
+    cuda_device.cache_clear()
+    _vendor_reason.cache_clear()
     triton_info.cache_clear()

@@ -1,8 +1,9 @@
 """The ops registry: every op declared once, its backend chosen once per process and traced.
 
 An op has a name ``group.op``, a torch reference (the semantic definition, fp32 math on
-upcast inputs) and optional faster backends, each named by a lazy ``"module:function"``
-path so that ``import kernels`` never imports Triton.
+upcast inputs) and optional faster backends (:data:`kernels.backend_env.BACKENDS`: ``triton``,
+vendor extensions such as ``deep_gemm`` and ``flash_mla``), each named by a lazy
+``"module:function"`` path so that ``import kernels`` never imports Triton or a vendor extension.
 
 Backend choice, resolved once per op per process on first use:
 
@@ -11,9 +12,15 @@ Backend choice, resolved once per op per process on first use:
 * ``triton`` where Triton can run here (compiled on CUDA or under ``TRITON_INTERPRET=1``),
   else ``torch``.
 
-If the requested backend cannot serve the op, the op falls back to ``torch`` and prints one
-notice per op per process; with ``ENGINE_OPS_STRICT=1`` it raises :class:`StrictFallbackError`
-instead, naming the op, the backend and why.
+If the requested backend cannot serve the op (not declared for it, or not eligible here), the
+op goes down the backend's fallback chain (a vendor backend to ``triton``, ``triton`` to
+``torch``) and prints one notice per op per process; with ``ENGINE_OPS_STRICT=1`` it raises
+:class:`StrictFallbackError` instead, naming the op, the backend and why.
+
+A backend that serves an op may still be unable to serve one call (a vendor kernel that writes
+bf16 only, asked for fp32): it raises :class:`UnsupportedCall` before doing any work, and the
+op runs that call on the next backend of the chain. Such per-call fallbacks print one notice per
+op and reason, are listed by :func:`report` (``call_fallbacks``), and are refused under strict mode.
 """
 
 from __future__ import annotations
@@ -30,7 +37,12 @@ TORCH = "torch"
 
 
 class StrictFallbackError(RuntimeError):
-    """Raised under ENGINE_OPS_STRICT=1 when an op would fall back to another backend."""
+    """Raised under ENGINE_OPS_STRICT=1 when an op, or one call of it, would fall back to another backend."""
+
+
+class UnsupportedCall(Exception):
+    """Raised by a backend, before it does any work, for a call it cannot serve; the message
+    says why. The op then runs the call on the next backend of the fallback chain."""
 
 
 @dataclass(frozen=True)
@@ -66,19 +78,27 @@ class Op:
     backends: dict[str, str] = field(default_factory=dict)
     _impl: Callable[..., Any] | None = field(default=None, repr=False)
     _resolution: Resolution | None = field(default=None, repr=False)
+    _call_fallback: tuple[str, Callable[..., Any]] | None = field(default=None, repr=False)
+    _call_fallback_reasons: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.__doc__ = self.reference.__doc__
 
     def backend(self, name: str, target: str) -> None:
-        """Declare backend ``name`` implemented by ``"module:function"`` (imported lazily)."""
+        """Declare backend ``name`` (one of :data:`kernels.backend_env.BACKENDS`) implemented by
+        ``"module:function"`` (imported lazily)."""
+        if name not in backend_env.BACKENDS or name == TORCH:
+            raise ValueError(f"op {self.name!r}: backend {name!r} is not declared in kernels.backend_env.BACKENDS")
         self.backends[name] = target
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         impl = self._impl
         if impl is None:
             impl = self._resolve_impl()
-        return impl(*args, **kwargs)
+        try:
+            return impl(*args, **kwargs)
+        except UnsupportedCall as exc:
+            return self._serve_elsewhere(str(exc))(*args, **kwargs)
 
     def resolution(self) -> Resolution:
         if self._resolution is None:
@@ -103,31 +123,63 @@ class Op:
             raise BackendUnavailable(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
         return getattr(module, attr)
 
+    def _first_available(self, chain: list[str]) -> tuple[str, Callable[..., Any], list[str]]:
+        """The first backend of ``chain`` that serves this op: ``(name, impl, reasons of those skipped)``."""
+        skipped = []
+        for name in chain:
+            try:
+                return name, self.load(name), skipped
+            except BackendUnavailable as exc:
+                skipped.append(f"'{name}': {exc}")
+        raise AssertionError(f"{self.name}: fallback chain {chain} does not end at '{TORCH}'")
+
     def _resolve_impl(self) -> Callable[..., Any]:
         requested = requested_backend(self.name)
         try:
             impl = self.load(requested)
             self._resolution = Resolution(self.name, requested, requested)
         except BackendUnavailable as exc:
-            reason = str(exc)
+            used, impl, skipped = self._first_available(backend_env.fallback_chain(requested))
+            reason = "; ".join([str(exc), *(f"then {s}" for s in skipped)])
             if strict():
                 raise StrictFallbackError(
                     f"{self.name}: backend '{requested}' is unavailable ({reason}) and "
-                    f"ENGINE_OPS_STRICT=1 refuses the fallback to '{TORCH}'"
+                    f"ENGINE_OPS_STRICT=1 refuses the fallback to '{used}'"
                 ) from None
-            self._resolution = Resolution(self.name, requested, TORCH, reason)
-            print(
-                f"[kernels] {self.name}: backend '{requested}' unavailable ({reason}); using '{TORCH}'",
-                file=sys.stderr,
-            )
-            impl = self.reference
+            self._resolution = Resolution(self.name, requested, used, reason)
+            print(f"[kernels] {self.name}: backend '{requested}' unavailable ({reason}); using '{used}'", file=sys.stderr)
         self._impl = impl
         return impl
+
+    def _serve_elsewhere(self, reason: str) -> Callable[..., Any]:
+        """The implementation for a call the resolved backend refused with ``reason``; the first
+        such call per reason prints a notice and is recorded (strict mode raises instead)."""
+        backend = self.resolution().backend
+        if self._call_fallback is None:
+            used, impl, _ = self._first_available(backend_env.fallback_chain(backend))
+            self._call_fallback = (used, impl)
+        used, impl = self._call_fallback
+        if strict():
+            raise StrictFallbackError(f"{self.name}: backend '{backend}' cannot serve this call ({reason}) and "
+                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{used}'") from None
+        if reason not in self._call_fallback_reasons:
+            self._call_fallback_reasons[reason] = used
+            print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
+                  file=sys.stderr)
+        return impl
+
+    def call_fallbacks(self) -> list[dict[str, str]]:
+        """The calls this op ran on another backend so far, one entry per reason."""
+        backend = self._resolution.backend if self._resolution else None
+        return [{"op": self.name, "backend": backend, "used": used, "reason": reason}
+                for reason, used in self._call_fallback_reasons.items()]
 
     def reset(self) -> None:
         """Forget the resolved backend (tests change the environment between resolutions)."""
         self._impl = None
         self._resolution = None
+        self._call_fallback = None
+        self._call_fallback_reasons = {}
 
 
 class BackendUnavailable(Exception):
@@ -180,9 +232,14 @@ def default_backend() -> str:
     return "triton" if backend_env.unavailable_reason("triton") is None else TORCH
 
 
+def global_backend() -> str:
+    """``ENGINE_OPS_BACKEND``, else :func:`default_backend`."""
+    return (os.environ.get("ENGINE_OPS_BACKEND") or default_backend()).strip().lower()
+
+
 def requested_backend(op_name: str) -> str:
     per_op = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    value = os.environ.get(per_op) or os.environ.get("ENGINE_OPS_BACKEND") or default_backend()
+    value = os.environ.get(per_op) or global_backend()
     return value.strip().lower()
 
 
@@ -198,6 +255,8 @@ def report() -> dict[str, Any]:
 
     Ops are resolved here if they have not been yet, except that under strict mode an op that
     would fall back is reported as ``"backend": null`` with its reason instead of raising.
+    ``backends``: every declared backend, whether it can run here and why not;
+    ``call_fallbacks``: calls a resolved backend refused and another backend ran (so far).
     """
     entries: dict[str, dict[str, Any]] = {}
     fallbacks: list[dict[str, str]] = []
@@ -215,8 +274,10 @@ def report() -> dict[str, Any]:
         "strict": strict(),
         "default_backend": default_backend(),
         "triton": backend_env.triton_info(),
+        "backends": backend_env.backends_info(),
         "ops": entries,
         "fallbacks": fallbacks,
+        "call_fallbacks": [entry for op in ops().values() for entry in op.call_fallbacks()],
     }
 
 

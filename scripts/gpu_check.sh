@@ -16,6 +16,15 @@
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
 #              default all, at their benchmark shapes; raw metrics in OUT/ncu.jsonl)
+# The vendor backends (deep_gemm, flash_mla: build the extensions first and put their folders on
+# PYTHONPATH; the header line "vendor backends" says whether each is eligible here):
+#   vendor-tests   pytest -m gpu tests/test_vendor_gpu.py (each backend against the reference)
+#   vendor-ab      python -m kernels.ab --full --backend deep_gemm, then --backend flash_mla
+#   vendor-bench   python -m benchmarks.gemm and benchmarks.vendor (side by side, direct vs registry;
+#                  gemm only when the bench step does not run it)
+#   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
+#                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
+#   vendor         all four (VENDOR_LIMIT seconds per step, default 420; vendor-engine 600)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
 set -u
 OUT=${1:-${OUT:-artifacts/gpu-check}}
@@ -23,7 +32,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,profile,ncu},
+STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,vendor,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
 declare -a ROWS
 
@@ -31,7 +40,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=$PYTHONPATH:/tmp/site PATH=/tmp/site/bin:$PATH
 fi
-want() { [[ $STEPS == *,$1,* ]]; }
+want() { [[ $STEPS == *,$1,* || ( $1 == vendor-* && $STEPS == *,vendor,* ) ]]; }
 
 step() {  # step NAME LIMIT_SECONDS CMD...
   local name=$1 limit=$2; shift 2
@@ -45,6 +54,8 @@ step() {  # step NAME LIMIT_SECONDS CMD...
 
 nvidia-smi -L | tee "$OUT/gpu.txt"
 $PY -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+$PY -c 'from kernels import backend_env as b
+for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")' | tee -a "$OUT/gpu.txt"
 
 if want native; then  # the native build needs only CPUs: run it beside the GPU steps
   ( timeout 300 $PY -m engine.csrc.build >"$OUT/native-build.log" 2>&1 && \
@@ -55,8 +66,11 @@ fi
 per_test=()
 $PY -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 # The full-shape A/B of the fused kernels is the ab step's job, not repeated here.
+# The vendor backends' GPU tests are the vendor-tests step's job when it runs.
+vendor_tests=()
+want vendor-tests && vendor_tests=(--ignore=tests/test_vendor_gpu.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
-  --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
+  "${vendor_tests[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
 want probe && step probe 60 $PY -m kernels.probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
@@ -75,6 +89,17 @@ if want bench; then
     step "bench-$family" "${BENCH_LIMIT:-300}" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
   done
 fi
+VLIMIT=${VENDOR_LIMIT:-420}
+want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py
+for backend in deep_gemm flash_mla; do
+  want vendor-ab && ENGINE_OPS_TUNE=0 step "ab-$backend" "$VLIMIT" $PY -m kernels.ab --full --backend $backend --json "$OUT/ab-$backend.json"
+done
+for family in gemm vendor; do  # gemm measures every backend: skipped here when the bench step ran it
+  want bench && [[ ,$BENCH, == *,$family,* ]] && continue
+  want vendor-bench && step "bench-$family" "$VLIMIT" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
+done
+want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor \
+  ${VENDOR_ENGINE_PARTS:+--parts "$VENDOR_ENGINE_PARTS"} --out "$OUT/performance.md"
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 

@@ -19,6 +19,24 @@ def test_bench_without_a_gpu_says_so_and_writes_nothing(tmp_path, capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+@pytest.mark.parametrize("family", ["gemm", "vendor", "engine_vendor"])
+def test_each_vendor_family_without_a_gpu_says_so_and_writes_nothing(family, tmp_path, capsys):
+    import importlib
+
+    out = tmp_path / "performance.md"
+    assert importlib.import_module(f"benchmarks.{family}").main(["--out", str(out)]) == 0
+    assert not out.exists() and "no CUDA device" in capsys.readouterr().err
+
+
+def test_engine_vendor_refuses_unknown_parts(capsys):
+    from benchmarks import engine_vendor
+
+    with pytest.raises(SystemExit) as info:
+        engine_vendor.main(["--parts", "decode,warmup"])
+    assert info.value.code == 2 and "--parts: expected decode and/or prefill, got decode,warmup" in capsys.readouterr().err
+
+
 def test_unknown_family_is_refused(capsys):
     assert suite.main(["--only", "ops,warp_drive"]) == 2
     assert "warp_drive" in capsys.readouterr().err
@@ -116,3 +134,39 @@ def test_ncu_refuses_unknown_cases_and_skips_without_a_gpu(capsys):
     assert ncu.main(["--cases", "nope"]) == 2 and "unknown case" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert ncu.main([]) == 0 and "nothing profiled" in capsys.readouterr().err
+
+
+def test_fp8_copy_of_a_checkpoint_quantizes_the_aligned_projections_and_loads(tmp_path):
+    """benchmarks.model.fp8_checkpoint on a small random checkpoint with 128-multiple projections
+    (and some that are not): the chosen weights become FP8 codes whose dequantization is the
+    original within one e4m3 step, the rest is untouched, and the engine loads and runs the copy."""
+    from safetensors.torch import load_file
+
+    from engine import LLM, SamplingParams
+    from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
+    from kernels.ops.quant import weight_dequant_reference
+
+    config = tiny_config(hidden_size=128, intermediate_size=256, moe_intermediate_size=96, q_lora_rank=128,
+                         num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=128, qk_nope_head_dim=48, v_head_dim=64)
+    with torch_backend_one_thread():
+        src = save_checkpoint(random_model(config, seed=5), tmp_path / "bf16")
+        out = model.fp8_checkpoint(src)
+        assert out == tmp_path / "bf16-fp8" and model.fp8_checkpoint(src) == out  # complete: reused
+        original = {k: v for f in src.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+        copy = {k: v for f in out.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+        quantized = sorted(n for n, t in original.items() if model.is_fp8_projection(n, t))
+        assert "model.layers.0.mlp.down_proj.weight" in quantized and "model.layers.0.self_attn.q_b_proj.weight" in quantized
+        assert not any(".experts." in n for n in quantized)  # routed experts: 96-wide, stay as saved
+        for name, tensor in original.items():
+            if name in quantized:
+                q, s = copy[name], copy[name.replace(".weight", ".weight_scale_inv")]
+                assert q.dtype == torch.float8_e4m3fn and s.shape == (tensor.shape[0] // 128, tensor.shape[1] // 128)
+                err = (weight_dequant_reference(q, s, torch.float32) - tensor.float()).abs().max()
+                assert err <= tensor.float().abs().max() / 16
+            else:
+                assert torch.equal(copy[name], tensor)
+        assert json.loads((out / "config.json").read_text())["quantization_config"]["weight_block_size"] == [128, 128]
+        llm = LLM(str(out), dtype="float32", device="cpu")
+        assert llm.runner.model.layers[0].mlp.down.fp8
+        (result,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert len(result["token_ids"]) == 3

@@ -1,6 +1,12 @@
 """Collect the cross-image diff: read every compared image's artifacts and compare each
 with the reference image's (versions, stage results, builds, kernel dumps, tokens, fallbacks).
 
+Kernel dumps are compared per backend: an image's default-backend dump (``ab/``) with the
+reference's, and each other backend's dump (``ab/<backend>/``) with the reference's dump of
+the same backend when it has one. Within every image, each other backend's dump is also
+compared with that image's default-backend dump (backend against backend: shown, but not part
+of the verdict: each backend is held to the torch reference by the ab stage itself).
+
 The result is pure data with its verdict and exit status; :mod:`.report` renders it.
 """
 
@@ -45,11 +51,13 @@ class OpSummary:
 @dataclass
 class KernelComparison:
     """An image's A/B dump against the reference's, case by case (``kernels.ab.compare_dumps``;
-    ``one_side``: ``only_in_a`` = cases only the image dumped, ``only_in_b`` = only the reference)."""
+    ``one_side``: ``only_in_a`` = cases only the image dumped, ``only_in_b`` = only the reference).
+    Within an image (:attr:`DiffResult.within`): a backend's dump against the default backend's."""
 
     column: str
     results: list = field(default_factory=list)
     one_side: dict[str, list[str]] = field(default_factory=dict)
+    backend: str = ""  # the backend of a per-backend dump ("": the default backend's dump)
 
     def failed(self) -> list:
         return [r for r in self.results if r.status == FAILED]
@@ -97,6 +105,8 @@ class DiffResult:
     stages: dict[str, dict[str, str]] = field(default_factory=dict)
     builds: dict[str, dict[str, str]] = field(default_factory=dict)
     kernels: list[KernelComparison] = field(default_factory=list)
+    within: list[KernelComparison] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
     tokens: list[TokenComparison] = field(default_factory=list)
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
     missing: list[Missing] = field(default_factory=list)
@@ -167,6 +177,7 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
     result = DiffResult(Path(artifacts), make_columns(Path(artifacts), images, reference), near_tie_margin)
     result.missing, result.not_run = _missing(result.columns)
     steps = [(section, col) for section in (_versions, _stages, _builds, _fallbacks) for col in result.columns]
+    steps += [(_within, col) for col in result.columns if col.label == col.artifacts.name]
     steps += [(section, col) for section in (_kernels, _tokens) for col in result.compared]
     for section, col in steps:
         try:
@@ -248,16 +259,37 @@ def _builds(result: DiffResult, col: Column) -> None:
     result.builds[col.label] = cells
 
 
+def _compare(label: str, dump: Path, against: Path, backend: str = "") -> KernelComparison:
+    """``dump`` case by case against ``against`` (errors relative to ``against``)."""
+    try:
+        results, one_side = compare_dumps(str(dump), str(against))
+    except DumpError as exc:
+        raise UnusableInput(str(exc)) from None
+    return KernelComparison(label, results, one_side, backend)
+
+
 def _kernels(result: DiffResult, col: Column) -> None:
     ref = result.reference.artifacts
     if not (ref.has(AB_MANIFEST) and col.artifacts.has(AB_MANIFEST)):
         return
-    try:
-        # The image's outputs against the reference's (errors are relative to the reference).
-        results, one_side = compare_dumps(str(col.artifacts.path("ab")), str(ref.path("ab")))
-    except DumpError as exc:
-        raise UnusableInput(str(exc)) from None
-    result.kernels.append(KernelComparison(col.label, results, one_side))
+    result.kernels.append(_compare(col.label, col.artifacts.path("ab"), ref.path("ab")))
+    ours, theirs = col.artifacts.backend_dumps(), ref.backend_dumps()
+    for backend in sorted(ours.keys() & theirs.keys()):
+        result.kernels.append(_compare(f"{col.label} [{backend}]", ours[backend], theirs[backend], backend))
+    for backend in sorted(ours.keys() - theirs.keys()):
+        result.unmatched.append(f"{col.label} has a {backend} dump and {result.reference.label} has none: "
+                                f"{backend} is compared within {col.label} only")
+    for backend in sorted(theirs.keys() - ours.keys()):
+        result.unmatched.append(f"{result.reference.label} has a {backend} dump and {col.label} has none "
+                                f"(see {AB_RESULTS} of {col.label}: backends)")
+
+
+def _within(result: DiffResult, col: Column) -> None:
+    if not col.artifacts.has(AB_MANIFEST):
+        return
+    default = col.artifacts.json(AB_MANIFEST).get("backend", "default")
+    for backend, dump in col.artifacts.backend_dumps().items():
+        result.within.append(_compare(f"{col.label}: {backend} vs {default}", dump, col.artifacts.path("ab"), backend))
 
 
 def _tokens(result: DiffResult, col: Column) -> None:
@@ -284,4 +316,11 @@ def _fallbacks(result: DiffResult, col: Column) -> None:
             if not isinstance(fb, dict) or not isinstance(fb.get("op"), str):
                 raise UnusableInput(f"{col.artifacts.path(rel)}: ops.fallbacks[{i}].op must be a string")
             cells.setdefault(fb["op"], []).append(f"{where}: {fb.get('requested')}->{fb.get('used')}")
+        per_call = ops.get("call_fallbacks", [])  # absent in reports made before per-call fallbacks existed
+        if not isinstance(per_call, list):
+            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.call_fallbacks' must be a list (the output of kernels.report())")
+        for i, fb in enumerate(per_call):
+            if not isinstance(fb, dict) or not isinstance(fb.get("op"), str):
+                raise UnusableInput(f"{col.artifacts.path(rel)}: ops.call_fallbacks[{i}].op must be a string")
+            cells.setdefault(fb["op"], []).append(f"{where}: some calls {fb.get('backend')}->{fb.get('used')} ({fb.get('reason')})")
     result.fallbacks[col.label] = {op: "; ".join(v) for op, v in cells.items()}

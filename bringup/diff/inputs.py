@@ -65,3 +65,12 @@ class ImageArtifacts:
 
     def json_or_none(self, rel: str) -> dict[str, Any] | None:
         return self.json(rel) if self.has(rel) else None
+
+    def backend_dumps(self) -> dict[str, Path]:
+        """The A/B dumps of the backends other than the default one: ``ab/<backend>/`` folders
+        with a manifest (the ab stage writes one per backend available in the image)."""
+        ab = self.root / "ab"
+        if not ab.is_dir():
+            return {}
+        return {p.name: p for p in sorted(ab.iterdir())
+                if p.is_dir() and not p.name.startswith(".") and (p / "manifest.json").is_file()}

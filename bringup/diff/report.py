@@ -9,7 +9,7 @@ from kernels.compare import DIFFERS
 
 from . import plots
 from ..artifacts import write_text
-from .collect import DiffResult
+from .collect import DiffResult, KernelComparison
 from .document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 
 ABSENT = "-"
@@ -51,7 +51,28 @@ def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
         if table is not None:
             blocks += [Heading(2, title), table]
     blocks += _kernel_blocks(result, figures.get("kernels"))
+    blocks += _within_blocks(result)
     blocks += _token_blocks(result, figures.get("tokens"))
+    return blocks
+
+
+def _comparison_blocks(comparison: KernelComparison, owners: dict[str, str]) -> list[Block]:
+    """One comparison's per-op table, its cases beyond tolerance and its one-sided cases
+    (``owners``: what to call the side of ``only_in_a`` / ``only_in_b``; a side not named is
+    left to the caller)."""
+    blocks: list[Block] = [Heading(3, comparison.column)]
+    rows = [[s.op, str(s.cases), str(s.equal), str(s.close), str(s.differs), f"{s.worst_rel:.3g}", s.worst_case]
+            for s in comparison.by_op().values()]
+    blocks.append(Table(["op", "cases", "bitwise equal", "within tolerance", "beyond tolerance", "worst max rel", "worst case"], rows))
+    failures = []
+    for r in comparison.failed():
+        where = "; ".join(f"{d.output}{d.first_diff or ''}: {d.detail}" for d in r.outputs if d.status == DIFFERS)
+        failures.append(f"{r.op}/{r.case}: " + "; ".join(x for x in (where, r.reason) if x))
+    if failures:
+        blocks.append(Bullets(failures))
+    for side, cases in comparison.one_side.items():
+        if cases and side in owners:
+            blocks.append(Paragraph(f"Cases dumped by {owners[side]} only: {', '.join(cases)}"))
     return blocks
 
 
@@ -61,21 +82,29 @@ def _kernel_blocks(result: DiffResult, figure: str | None) -> list[Block]:
     blocks: list[Block] = [Heading(2, f"Kernel outputs (A/B dumps) against {result.reference.label}")]
     if figure:
         blocks.append(Figure(figure, "worst max relative error per op and image (✗: a case beyond tolerance)"))
+    if result.unmatched:
+        blocks.append(Bullets(result.unmatched))
     for comparison in result.kernels:
-        blocks.append(Heading(3, comparison.column))
-        rows = [[s.op, str(s.cases), str(s.equal), str(s.close), str(s.differs), f"{s.worst_rel:.3g}", s.worst_case]
-                for s in comparison.by_op().values()]
-        blocks.append(Table(["op", "cases", "bitwise equal", "within tolerance", "beyond tolerance", "worst max rel", "worst case"], rows))
-        failures = []
-        for r in comparison.failed():
-            where = "; ".join(f"{d.output}{d.first_diff or ''}: {d.detail}" for d in r.outputs if d.status == DIFFERS)
-            failures.append(f"{r.op}/{r.case}: " + "; ".join(x for x in (where, r.reason) if x))
-        if failures:
-            blocks.append(Bullets(failures))
-        for side, cases in comparison.one_side.items():
-            if cases:
-                owner = comparison.column if side == "only_in_a" else result.reference.label
-                blocks.append(Paragraph(f"Cases dumped by {owner} only: {', '.join(cases)}"))
+        blocks += _comparison_blocks(comparison, {"only_in_a": comparison.column, "only_in_b": result.reference.label})
+    return blocks
+
+
+def _within_blocks(result: DiffResult) -> list[Block]:
+    if not result.within:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "Backends against the default backend, within each image"),
+        Paragraph("Each backend's dump against the same image's default-backend dump, on the cases both ran; errors "
+                  "relative to the default backend. Shown, not part of the verdict: every backend is held to the torch "
+                  "reference by the ab stage (ab/results.json), so two backends may differ by up to twice the tolerance."),
+    ]
+    for comparison in result.within:
+        blocks += _comparison_blocks(comparison, {"only_in_a": comparison.backend})
+        not_run = comparison.one_side.get("only_in_b", [])
+        if not_run:
+            ops = sorted({case.split("/")[0] for case in not_run})
+            blocks.append(Paragraph(f"Not run by {comparison.backend}: {len(not_run)} of the default backend's cases "
+                                    f"(ops without a {comparison.backend} backend and the calls it declines), of {', '.join(ops)}."))
     return blocks
 
 

@@ -72,6 +72,15 @@ def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin
     return result.exit_code()
 
 
+def _kernel_cell(comparison) -> str:
+    """equal/close/beyond case counts of one kernel comparison ("-" when there is none)."""
+    if comparison is None:
+        return "-"
+    summaries = comparison.by_op().values()
+    beyond = sum(s.differs for s in summaries)
+    return f"{sum(s.equal for s in summaries)}/{sum(s.close for s in summaries)}/" + (f"[bold red]{beyond}[/]" if beyond else "0")
+
+
 def print_summary(result: DiffResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -85,15 +94,18 @@ def print_summary(result: DiffResult) -> None:
     for col in result.compared:
         versions = result.versions.get(col.label)
         n_versions = "-" if versions is None else str(sum(versions.get(k) != v for k, v in ref_versions.items()))
-        k = kernels.get(col.label)
-        if k is None:
-            kernel_cell = "-"
-        else:
-            summaries = k.by_op().values()
-            beyond = sum(s.differs for s in summaries)
-            kernel_cell = f"{sum(s.equal for s in summaries)}/{sum(s.close for s in summaries)}/" + (f"[bold red]{beyond}[/]" if beyond else "0")
         t = tokens.get(col.label)
         token_cell = "-" if t is None else f"{t.count(IDENTICAL)}/{t.count(NEAR_TIE)}/" + (f"[bold red]{t.count(REAL)}[/]" if t.count(REAL) else "0")
         fallbacks = result.fallbacks.get(col.label)
-        table.add_row(col.label, n_versions, kernel_cell, token_cell, "-" if fallbacks is None else str(len(fallbacks)))
+        table.add_row(col.label, n_versions, _kernel_cell(kernels.get(col.label)), token_cell, "-" if fallbacks is None else str(len(fallbacks)))
+        for k in result.kernels:
+            if k.backend and k.column.startswith(f"{col.label} ["):
+                table.add_row(k.column, "", _kernel_cell(k), "", "")
     Console(width=160).print(table)
+    if result.within:
+        within = Table(title="backends against the default backend, within each image (not part of the verdict)")
+        for name in ("image: backend vs default", "kernel cases (equal/close/beyond)", "default-backend cases it did not run"):
+            within.add_column(name)
+        for k in result.within:
+            within.add_row(k.column, _kernel_cell(k), str(len(k.one_side.get("only_in_b", []))))
+        Console(width=160).print(within)

@@ -1,8 +1,11 @@
-"""The ab stage, inside the image: ``python -m kernels.ab --dump ab/ --json ab/results.json``.
+"""The ab stage, inside the image: ``python -m kernels.ab --all-backends --dump ab/ --json ab/results.json``.
 
-Every op's backend against its torch reference on the A/B cases; the outputs are dumped
-(``ab/manifest.json`` + ``ab/*.safetensors``) so another image can be compared element-wise.
-``ab/results.json`` is kernels.ab's JSON with the stage header merged in.
+Every op's backend against its torch reference on the A/B cases, for the default backend and
+every other backend available in this image (vendor extensions included); the outputs are
+dumped so another image, or another backend, can be compared element-wise: the default
+backend's in ``ab/`` (``ab/manifest.json`` + ``ab/*.safetensors``), each other backend's in
+``ab/<backend>/``. Backends unavailable here are listed with the reason in ``ab/results.json``
+(``backends``), which is kernels.ab's JSON with the stage header merged in.
 """
 
 from __future__ import annotations
@@ -22,5 +25,5 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
     if importlib.util.find_spec("torch") is None:
         return FAILED, {"problems": ["torch is not importable in this image: kernels.ab cannot run"]}, probe_versions(sys.executable)
     results_path = out / "ab" / "results.json"
-    argv = [sys.executable, "-m", "kernels.ab", "--dump", str(out / "ab"), "--json", str(results_path)]
+    argv = [sys.executable, "-m", "kernels.ab", "--all-backends", "--dump", str(out / "ab"), "--json", str(results_path)]
     return run_recording_module("ab", argv, results_path, EXIT_MEANING)

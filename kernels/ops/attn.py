@@ -117,3 +117,4 @@ mla_prefill = declare("attn.mla_prefill", mla_prefill_reference, outputs=("o",),
 mla_prefill.backend("triton", "kernels.triton.attn:mla_prefill")
 mla_decode = declare("attn.mla_decode", mla_decode_reference, outputs=("o",), cases=_decode_cases)
 mla_decode.backend("triton", "kernels.triton.attn:mla_decode")
+mla_decode.backend("flash_mla", "kernels.vendor.flash_mla:mla_decode")
