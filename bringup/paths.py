@@ -1,12 +1,20 @@
-"""Where things are: the repository root and the default artifacts folder."""
+"""Where things are: the repository root, the default artifacts folder, the vendor folder."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MATRIX = "matrix.yaml"
 DEFAULT_ARTIFACTS = "artifacts"
+VENDOR_DIR_ENV = "BRINGUP_VENDOR_DIR"
+
+
+def vendor_dir() -> Path:
+    """Where pinned source archives are looked up: ``$BRINGUP_VENDOR_DIR``, else the repository's
+    git-ignored ``vendor/`` (a relative value is taken from the repository)."""
+    return (REPO / (os.environ.get(VENDOR_DIR_ENV) or "vendor")).resolve()
 
 
 def shown(path: Path) -> str:

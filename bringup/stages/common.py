@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,12 @@ def version_matches(expected: str, actual: str | None) -> bool:
     return actual is not None and (actual == expected or ("+" not in expected and actual.startswith(expected + "+")))
 
 
-def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float | None = None) -> int:
     """Run ``argv``; its output goes to this process's stdout (which the runner logs) and, when
-    given, to ``log_path`` as well. Returns the exit code (127 when it cannot start)."""
+    given, to ``log_path`` as well. Returns the exit code (127 when it cannot start). With a
+    ``timeout`` it runs in its own process group, killed as a whole when the time is up (exit
+    code -9; the run id in its environment still lets the runner find it)."""
     log = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,18 +64,35 @@ def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env
             log.flush()
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+                                    stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=timeout is not None)
         except OSError as exc:
             emit(f"cannot start {argv[0]}: {exc}\n")
             return 127
+        timer = threading.Timer(timeout, _kill_group, (proc.pid,)) if timeout is not None else None
+        if timer is not None:
+            timer.start()
         assert proc.stdout is not None
-        for line in proc.stdout:
-            emit(line)
-        return proc.wait()
+        try:
+            for line in proc.stdout:
+                emit(line)
+            code = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if timer is not None and code == -signal.SIGKILL:
+            emit(f"{argv[0]}: killed after {timeout:g} s\n")
+        return code
     finally:
         sys.stdout.flush()
         if log is not None:
             log.close()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def site_packages(python: str) -> list[str]:
