@@ -108,11 +108,13 @@ def _refuse_name(archive: str, name: str) -> None:
 
 def _extract_tar(path: Path, folder: str, scratch: Path, archive: str) -> None:
     with tarfile.open(path, "r:*") as tar:
-        members = [m for m in tar.getmembers() if _inside(m.name, folder)]
+        everything = tar.getmembers()
+        for m in everything:  # the whole archive, not only the folder used: an unsafe one is suspect
+            _refuse_name(archive, m.name)
+        members = [m for m in everything if _inside(m.name, folder)]
         if not members:
             raise SourceError(f"{archive}: has no folder {folder!r}")
         for m in members:
-            _refuse_name(archive, m.name)
             if not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
                 raise SourceError(f"{archive}: member {m.name!r} is a device or fifo; refusing to unpack it")
             if m.issym() or m.islnk():
@@ -128,11 +130,12 @@ def _extract_tar(path: Path, folder: str, scratch: Path, archive: str) -> None:
 
 def _extract_zip(path: Path, folder: str, scratch: Path, archive: str) -> None:
     with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            _refuse_name(archive, info.filename)
         infos = [i for i in zf.infolist() if _inside(i.filename.rstrip("/"), folder)]
         if not infos:
             raise SourceError(f"{archive}: has no folder {folder!r}")
         for info in infos:
-            _refuse_name(archive, info.filename)
             if stat.S_ISLNK(info.external_attr >> 16):
                 raise SourceError(f"{archive}: member {info.filename!r} is a link; refusing to unpack it")
         for info in infos:
