@@ -34,9 +34,8 @@ def check() -> dict:
     if not extensions:
         return result(FAILED, f"no _C*.so in {spec.submodule_search_locations[0]}")
     runtime, version = loaded_nccl()
-    needed = {s for s in dynamic_symbols(extensions[0])[1] if s.startswith(("nccl", "pnccl"))}
-    lacking = sorted(needed - dynamic_symbols(runtime)[0]) if runtime else []
-    nccl = {"extension": str(extensions[0]), "needed": sorted(needed), "runtime": str(runtime) if runtime else None,
+    needed, lacking = nccl_gap(extensions[0], runtime)
+    nccl = {"extension": str(extensions[0]), "needed": needed, "runtime": str(runtime) if runtime else None,
             "runtime_version": version, "lacking": lacking}
     if lacking:
         shown = ", ".join(lacking[:6]) + (f" and {len(lacking) - 6} more" if len(lacking) > 6 else "")
@@ -56,6 +55,13 @@ def check() -> dict:
     status = PASSED if test["exit_code"] == 0 else FAILED
     return result(status, f"DeepEP's test_ep.py on {test['ranks']} GPUs exited with {test['exit_code']}: {test['last_line']}",
                   imported=imported, device=device, nccl=nccl, call=test)
+
+
+def nccl_gap(extension: Path, runtime: Path | None) -> tuple[list[str], list[str]]:
+    """The NCCL functions ``extension`` leaves undefined, and those of them ``runtime`` (an NCCL
+    library; None: unknown) does not export."""
+    needed = sorted(s for s in dynamic_symbols(extension)[1] if s.startswith(("nccl", "pnccl")))
+    return needed, sorted(set(needed) - dynamic_symbols(runtime)[0]) if runtime else []
 
 
 def _import_with_preloaded_sdk(runtime: Path | None) -> dict | None:
