@@ -129,7 +129,9 @@ def test_a_pinned_target_builds_in_its_tree_with_switches_required_exports_and_s
     build_app = script(scripts, "build_app", "root = pathlib.Path(os.environ['FMT_ROOT'])\n"
                        "assert (root / 'include/fmt/core.h').is_file() and os.environ['LIB_SWITCH'] == 'on'\n"
                        "assert os.environ['JOBS'].isdigit() and int(os.environ['JOBS']) >= 1")
-    smoke = {status: script(scripts, f"smoke_{status}", f"pathlib.Path(sys.argv[sys.argv.index('--json') + 1]).write_text("
+    smoke = {status: script(scripts, f"smoke_{status}", "assert tree == pathlib.Path(os.environ['BRINGUP_BUILD_OUT'])  # not the source\n"
+                            "assert pathlib.Path(os.environ['BRINGUP_SOURCE_TREE']).is_dir()\n"
+                            f"pathlib.Path(sys.argv[sys.argv.index('--json') + 1]).write_text("
                             f"json.dumps({{'status': '{status}', 'detail': 'checked ' + os.environ['PYTHONPATH'].split(os.pathsep)[-1]}}))")
              for status in ("passed", "blocked")}
     dies = script(scripts, "smoke_dies", "sys.exit(3)")

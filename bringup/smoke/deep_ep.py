@@ -1,4 +1,4 @@
-"""``python -m bringup.smoke.deep_ep --json FILE``, run in DeepEP's source tree.
+"""``python -m bringup.smoke.deep_ep --json FILE`` (DeepEP's source tree in ``BRINGUP_SOURCE_TREE``).
 
 Before importing the built DeepEP it compares the NCCL symbols its ``_C`` leaves undefined with
 those the NCCL this process loads (torch's, loaded first) exports. When some are missing,
@@ -22,7 +22,7 @@ from ..stages.elf import dynamic_symbols
 from .common import BLOCKED, FAILED, PASSED, SKIPPED, import_module, main, result, sm90_device
 
 NEEDS = "2.30.4"
-VENDOR_TEST = Path("tests/elastic/test_ep.py")
+VENDOR_TEST = "tests/elastic/test_ep.py"
 TEST_SECONDS = 600
 
 
@@ -78,16 +78,16 @@ def _import_with_preloaded_sdk(runtime: Path | None) -> dict | None:
 
 
 def _vendor_test(ranks: int) -> dict:
-    if not VENDOR_TEST.is_file():
-        return {"ranks": ranks, "exit_code": 2, "last_line": f"no {VENDOR_TEST} in {Path.cwd()}"}
+    tree = Path(os.environ.get("BRINGUP_SOURCE_TREE", "."))
+    if not (tree / VENDOR_TEST).is_file():
+        return {"ranks": ranks, "exit_code": 2, "last_line": f"no {VENDOR_TEST} in {tree}"}
     with socket.socket() as s:  # a free port for the test's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, str(VENDOR_TEST), "--num-processes", str(ranks), "--num-tokens", "128", "--skip-perf-test",
-            "--test-first-only"]
-    print(f"[smoke] {' '.join(argv)}", flush=True)
+    argv = [sys.executable, VENDOR_TEST, "--num-processes", str(ranks), "--num-tokens", "128", "--skip-perf-test", "--test-first-only"]
+    print(f"[smoke] {' '.join(argv)} (in {tree})", flush=True)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TEST_SECONDS,
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TEST_SECONDS, cwd=tree,
                               env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     except subprocess.TimeoutExpired:
         return {"ranks": ranks, "argv": argv, "exit_code": 124, "last_line": f"timed out after {TEST_SECONDS} s"}

@@ -132,7 +132,8 @@ def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[
         entry["status"], entry["detail"] = FAILED, "torch ABI mismatch: " + "; ".join(a["message"] for a in entry["abi"] if a["status"] != OK)
     elif recipe.get("smoke"):
         smoke_argv = [stage_python(recipe["smoke"][0], sys.executable), *map(fill, recipe["smoke"][1:])]
-        entry["smoke"] = _smoke(smoke_argv, _environment(env, entry["exports"]), source, log, target_out / "smoke.json")
+        smoke_env = {**_environment(env, entry["exports"]), "BRINGUP_SOURCE_TREE": str(source)}
+        entry["smoke"] = _smoke(smoke_argv, smoke_env, target_out, log, target_out / "smoke.json")
         failed = entry["smoke"]["status"] == FAILED
         entry["status"], entry["detail"] = (FAILED, f"smoke test failed: {entry['smoke']['detail']}") if failed else (PASSED, "")
     else:
@@ -141,7 +142,9 @@ def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[
 
 
 def _smoke(argv: list[str], env: dict[str, str], cwd: Path, log: Path, result: Path) -> dict[str, Any]:
-    """Run the recipe's smoke test (one of :mod:`bringup.smoke`); its JSON result (``status``:
+    """Run the recipe's smoke test (one of :mod:`bringup.smoke`) in ``{out}``, not in the source
+    tree, whose unbuilt package would shadow the built one (``python -m`` puts the working folder
+    first on sys.path; ``BRINGUP_SOURCE_TREE`` names the tree). Its JSON result (``status``:
     passed, failed, skipped or blocked, and a one-line ``detail``) with its exit code."""
     result.unlink(missing_ok=True)
     code = run_tee([*argv, "--json", str(result)], log, cwd=cwd, env=env, timeout=SMOKE_TIMEOUT)
