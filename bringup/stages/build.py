@@ -42,7 +42,7 @@ from .prerequisites import cuda_home, cuda_missing, missing
 BLOCKED = "blocked"
 OUT = "{out}"
 SMOKE_STATUSES = (PASSED, FAILED, BLOCKED, "skipped")
-SMOKE_TIMEOUT = 900
+SMOKE_TIMEOUT = 300
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
