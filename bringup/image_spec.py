@@ -30,7 +30,8 @@ SPEC_FILE = "image.yaml"
 NETWORKS = ("none", "host")
 # The stdlib-only code a bake runs inside the image (copied into the context's bake/ folder).
 BAKE_CODE = ("bringup/__init__.py", "bringup/stages/__init__.py", "bringup/stages/common.py", "bringup/stages/interrupts.py",
-             "bringup/stages/layers.py", "bringup/stages/env_steps.py", "bringup/stages/bake.py")
+             "bringup/stages/layers.py", "bringup/stages/prerequisites.py", "bringup/stages/env_steps.py",
+             "bringup/stages/bake.py")
 PLATFORM = r"manylinux_2_([0-9]+)_([a-z0-9_]+)"
 
 

@@ -4,7 +4,8 @@ Every stage: the image's resolved matrix entry, the image's identity (docker ima
 host interpreter and its torch/Triton for ``local``) and the code of the stage itself. Then:
 
 * env: the env recipes' text;
-* build: the env result, the build recipes' text and the files their ``inputs`` globs match;
+* build: the env result, the build recipes' text and the files their ``inputs`` globs match
+  (for a pinned source: the sha256 of each of its archives, so a changed archive reruns it);
 * verify: the env and build results, the sources of ``kernels`` and ``engine``;
 * ab: the env result and the sources of ``kernels``;
 * e2e: the env and build results, the world size, the sources of ``kernels`` and ``engine``
@@ -22,7 +23,7 @@ from typing import Any
 
 from .hashing import hash_files, hash_json
 from .matrix import Image, Matrix
-from .paths import REPO
+from .paths import REPO, vendor_dir
 from .recipes import Recipe, build_order
 
 STAGE_CODE = ["stage.py", "stages/*.py", "artifacts.py", "probe_versions.py"]
@@ -63,7 +64,10 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
         targets = []
         for recipe in build_recipes(image, matrix):
             source, why_not = recipe.resolve_source()
-            files = hash_files(source, recipe.inputs) if source is not None and source.is_dir() else why_not
+            if source is None and recipe.pinned is not None:
+                files = recipe.pinned.fingerprint(vendor_dir())
+            else:
+                files = hash_files(source, recipe.inputs) if source is not None and source.is_dir() else why_not
             targets.append({"recipe": recipe.digest, "source": str(source), "files": files})
         inputs["recipes"] = targets
         return inputs

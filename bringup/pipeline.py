@@ -21,7 +21,7 @@ from .display import Display, Outcome
 from .inputs import build_recipes, env_recipes, inputs_hash, local_identity, stage_inputs
 from .locks import stage_lock
 from .matrix import Image, Matrix
-from .paths import REPO, shown
+from .paths import REPO, shown, vendor_dir
 from .runners import Mount, RunRequest, RunResult
 from .runs import new_run_id
 
@@ -153,15 +153,21 @@ class Pipeline:
 
     def _mounts(self, stage: str, image: Image, exported: dict[tuple[str, str], Path]) -> list[Mount]:
         """The repo (writable for build: vendor sources may build in place), the artifacts, build
-        sources, and folders exported from reference images (read-only)."""
+        sources (a checkout outside the repo; the vendor folder, read-only, for pinned sources),
+        and folders exported from reference images (read-only)."""
         self.options.artifacts.mkdir(parents=True, exist_ok=True)
         mounts = [Mount(REPO, read_only=stage != "build"), Mount(self.options.artifacts, read_only=False)]
         mounts += [Mount(folder, read_only=True) for folder in sorted(set(exported.values()))]
         if stage == "build":
             for recipe in build_recipes(image, self.options.matrix):
                 source, _ = recipe.resolve_source()
-                if source is not None and source.is_dir() and REPO not in (source, *source.parents):
-                    mounts.append(Mount(source, read_only=False))
+                if source is None and recipe.pinned is not None:
+                    source, writable = vendor_dir(), False
+                else:
+                    writable = True
+                outside = source is not None and source.is_dir() and REPO not in (source, *source.parents)
+                if outside and all(m.path != source for m in mounts):
+                    mounts.append(Mount(source, read_only=not writable))
         return mounts
 
     def _cache_hit(self, stage: str, record: dict | None, digest: str) -> bool:

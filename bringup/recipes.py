@@ -8,8 +8,11 @@ isolation) and names the .so files it makes, which the build stage ABI-checks::
     description: the engine's _C extension
     target: engine-c                  # logs/build-<target>.log; default: the file name
     source: .                         # repo-relative, absolute, ${VAR}/sub or ${VAR:-default}/sub:
-                                      # a user-given path (a relative value is taken from the repo)
+                                      # a user-given path (a relative value is taken from the repo);
+                                      # or a pinned tarball + submodules (bringup.pinned_source)
     requires:                         # prerequisites, checked inside the image first
+      cuda: ">=12.3"                  #   nvcc and a CUDA torch (its CUDA within the bounds); without
+                                      #   them the target is blocked without failing the stage
       modules: [torch]                #   importable Python modules
       commands: [g++]                 #   executables on PATH
       env: [CUDA_HOME]                #   environment variables that must be set
@@ -18,13 +21,21 @@ isolation) and names the .so files it makes, which the build stage ABI-checks::
       versions: {"nvidia-nccl-cu*": ">=2.32.3"}   # bounds on torch/triton/cuda/nccl (as the probe
                                       #   reports them) or on installed distributions (globs allowed)
     command: [python, -m, engine.csrc.build, --out, "{out}"]   # argv; "python" is the stage interpreter
-    env: {MAX_JOBS: "8"}
+    env: {MAX_JOBS: "{jobs}", "LIBRARY_PATH+": "{cuda_home}/lib64/stubs"}   # NAME+ appends to a PATH-like one
     inputs: ["engine/csrc/**"]        # globs under source: part of the cache key
     products: ["{out}/engine/*.so"]   # globs under source (or under {out}): the built extension modules
-    exports: {ENGINE_NATIVE_DIR: "{out}/engine", "PYTHONPATH+": "{out}"}   # for the later stages
+    exports: {ENGINE_NATIVE_DIR: "{out}/engine", "PYTHONPATH+": "{out}"}   # for the later stages (and
+                                      #   the targets that require this one)
+    switches:                         # variables set when a path is absent (for the build, the smoke
+      - unless: /sys/class/infiniband/*   # test and the later stages), recorded in build.json
+        set: {EP_DISABLE_GIN: "1"}
+        note: no InfiniBand device, so DeepEP's NCCL GIN backend is off
+    smoke: [python, -m, bringup.smoke.deep_gemm]   # after a passed build: import it, one small call
+                                      #   against the op's torch reference (bringup.smoke)
 
 ``{out}`` is the target's own output folder, ``<artifacts>/<image>/build/<target>``: every
-image builds into its own, so images never overwrite each other's extensions.
+image builds into its own, so images never overwrite each other's extensions. ``{jobs}`` is
+the number of CPUs the stage may use, ``{cuda_home}`` the CUDA toolkit's folder.
 
 An env recipe is a list of fix-up steps, each a mapping with one step kind (and an optional
 ``name``); :data:`STEP_KINDS` lists them with what they take::
@@ -40,6 +51,7 @@ An env recipe is a list of fix-up steps, each a mapping with one step kind (and 
       - ld_library_path: ["/root/.triton/nvidia/cudart/*/lib"]
       - copy_site_packages: {from: /ref/site-packages, dists: [tilelang], keep_system: [pillow]}
       - copy_site_packages: {image: "vllm/vllm-openai:v0.32.0", from: /usr/local/lib/python3.12/dist-packages}
+      - host_header: {header: cuda/std/utility, under: "{cuda_home}/include"}
 
 ``copy_site_packages`` with ``image`` copies from a folder inside another docker image: the host
 exports that folder once (cached by the image's id) and mounts it for the env stage.
@@ -55,7 +67,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .paths import REPO, shown
+from .paths import REPO, shown, vendor_dir
+from .pinned_source import PinnedSource, parse_pinned
 from .validate import At, expected, integer, load_yaml, mapping, one_of, optional_string, string, string_list
 
 NAME = r"[a-z0-9][a-z0-9_.-]*"
@@ -68,7 +81,7 @@ SOURCE = r"(\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}$]*)?\})?[^$]*"
 VERSION = r"[0-9][0-9A-Za-z.+-]*"
 PRODUCT = r"(\{out\}/)?[^/{].*"
 EXPORT_KEY = r"[A-Za-z_][A-Za-z0-9_]*\+?"
-HEADER = r"[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*\.(h|hh|hpp|hxx|cuh)"
+HEADER = r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*(/[A-Za-z0-9_.+-]+)*"
 COMPONENTS = ("torch", "triton", "cuda", "nccl")
 DIST_GLOB = r"[A-Za-z0-9*][A-Za-z0-9._*-]*"
 SPECIFIER = r"(==|!=|>=|<=|>|<)\s*[0-9]+(\.[0-9]+)*"
@@ -82,6 +95,8 @@ STEP_KINDS = {
     "python_symlink": "the folder (on PATH) where 'python' should point at python3",
     "ld_library_path": "a list of absolute folder globs appended to LD_LIBRARY_PATH for later stages",
     "copy_site_packages": "{from: a site-packages folder, image: optional docker image holding it, dists: optional list, keep_system: optional list}",
+    "host_header": "{header: a header such as cuda/std/utility, under: the folder to search ({cuda_home} allowed)}: "
+                   "put the folder holding it on the host compiler's include path (CPLUS_INCLUDE_PATH) for later stages",
 }
 
 
@@ -102,6 +117,7 @@ class Requires:
     recipes: list[str] = field(default_factory=list)
     headers: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    cuda: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,14 +138,23 @@ class Recipe:
     inputs: list[str] = field(default_factory=list)
     products: list[str] = field(default_factory=list)
     exports: dict[str, str] = field(default_factory=dict)
+    pinned: PinnedSource | None = None
+    switches: list[dict[str, Any]] = field(default_factory=list)
+    smoke: list[str] = field(default_factory=list)
 
     def resolve_source(self, repo: Path = REPO) -> tuple[Path | None, str | None]:
         """The source folder on this host, or None and why not (an unset ${VAR} without default).
 
-        A relative path (given directly, by the variable or by its default) is taken from ``repo``."""
+        A relative path (given directly, by the variable or by its default) is taken from ``repo``.
+        A recipe with a pinned source gives (None, None) when no checkout is named: its archives
+        are the source."""
+        if self.pinned is not None and not self.source:
+            return None, None
         match = re.match(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", self.source)
         if match:
             value = os.environ.get(match.group(1)) or match.group(2)
+            if not value and self.pinned is not None:
+                return None, None
             if not value:
                 return None, f"source {self.source}: environment variable {match.group(1)} is not set (set it to the source checkout for {self.target})"
             path = Path(value + self.source[match.end():])
@@ -154,12 +179,17 @@ class Recipe:
                     raise ConfigError(f"{shown(self.path)}: {s.name}: the folder {params['from']} of image {params['image']} was not exported by the host")
                 params = {**params, "from": str(exported[key])}
             steps.append({"kind": s.kind, "name": s.name, "params": params})
-        return {
+        spec = {
             "name": self.name, "kind": self.kind, "digest": self.digest, "description": self.description,
             "steps": steps, "target": self.target, "source": str(source) if source else None, "source_error": why_not,
             "requires": vars(self.requires), "command": self.command, "env": self.env,
             "inputs": self.inputs, "products": self.products, "exports": self.exports,
         }
+        if self.kind == "build":
+            spec.update({"pinned": self.pinned.spec(vendor_dir(), self.source) if self.pinned and source is None else None,
+                         "expect_files": self.pinned.expect_files if self.pinned else [],
+                         "switches": self.switches, "smoke": self.smoke})
+        return spec
 
 
 def load_recipes(directory: Path) -> dict[str, Recipe]:
@@ -189,7 +219,8 @@ def load_recipe(path: Path) -> Recipe:
         data = mapping(data, at, required=common[:2] + ("steps",), optional=common[2:])
     else:
         data = mapping(data, at, required=common[:2] + ("command",),
-                       optional=common[2:] + ("target", "source", "requires", "env", "inputs", "products", "exports"))
+                       optional=common[2:] + ("target", "source", "requires", "env", "inputs", "products", "exports",
+                                              "switches", "smoke"))
     if integer(data["schema"], at.key("schema")) != 1:
         at.key("schema").fail(f"expected 1 (the recipe format this version reads), got {data['schema']}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -197,14 +228,13 @@ def load_recipe(path: Path) -> Recipe:
     if kind == "env":
         return Recipe(name, kind, path, digest, description, steps=_steps(data["steps"], at.key("steps")))
     requires_at = at.key("requires")
-    req = mapping(data.get("requires") or {}, requires_at, optional=("modules", "commands", "env", "recipes", "headers", "versions"))
-    env_at = at.key("env")
-    env = {string(k, env_at, ENV_NAME, "an environment variable name"): string(v, env_at.key(k), what="a string value")
-           for k, v in mapping(data.get("env") or {}, env_at).items()}
+    req = mapping(data.get("requires") or {}, requires_at, optional=("modules", "commands", "env", "recipes", "headers", "versions", "cuda"))
+    env = _variables(data.get("env"), at.key("env"), "a string value")
+    checkout, pinned = _source(data.get("source", "."), at.key("source"))
     return Recipe(
         name, kind, path, digest, description,
         target=string(data.get("target", name), at.key("target"), NAME, "a target name of lowercase letters, digits, '.', '_' or '-'"),
-        source=string(data.get("source", "."), at.key("source"), SOURCE, "a path, optionally starting with ${VAR}"),
+        source=checkout, pinned=pinned,
         requires=Requires(
             modules=string_list(req.get("modules", []), requires_at.key("modules"), MODULE, "a Python module name"),
             commands=string_list(req.get("commands", []), requires_at.key("commands"), r"[^\s/]+", "a command name"),
@@ -212,13 +242,41 @@ def load_recipe(path: Path) -> Recipe:
             recipes=string_list(req.get("recipes", []), requires_at.key("recipes"), NAME, "a recipe name"),
             headers=string_list(req.get("headers", []), requires_at.key("headers"), HEADER, "a header path such as 'elfutils/libdwfl.h'"),
             versions=_versions(req.get("versions"), requires_at.key("versions")),
+            cuda=optional_string(req.get("cuda"), requires_at.key("cuda"), SPECIFIERS, "CUDA version bounds such as '>=12.3'"),
         ),
         command=string_list(data["command"], at.key("command"), what="a command-line argument", allow_empty=False),
         env=env,
         inputs=string_list(data.get("inputs", []), at.key("inputs"), r"[^/].*", "a relative glob"),
         products=string_list(data.get("products", []), at.key("products"), PRODUCT, "a glob relative to the source, or starting with {out}/"),
-        exports=_exports(data.get("exports"), at.key("exports")),
+        exports=_variables(data.get("exports"), at.key("exports"), "a string value ({out} is the target's output folder)"),
+        switches=_switches(data.get("switches"), at.key("switches")),
+        smoke=string_list(data.get("smoke", []), at.key("smoke"), what="a command-line argument"),
     )
+
+
+def _source(value: Any, at: At) -> tuple[str, PinnedSource | None]:
+    """A path (``${VAR:-default}/sub`` allowed), or a pinned archive with submodules."""
+    if isinstance(value, dict):
+        return parse_pinned(value, at, SOURCE)
+    return string(value, at, SOURCE, "a path, optionally starting with ${VAR}, or a pinned tarball mapping"), None
+
+
+def _switches(value: Any, at: At) -> list[dict[str, Any]]:
+    """``[{unless: absolute glob, set: {VAR: value}, note: why}]``: variables set when nothing matches."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        expected(at, "a list of {unless: GLOB, set: {VAR: value}, note: TEXT}", value)
+    switches = []
+    for i, raw in enumerate(value):
+        item_at = at.index(i)
+        raw = mapping(raw, item_at, required=("unless", "set", "note"))
+        variables = _variables(raw["set"], item_at.key("set"), "a string value")
+        if not variables:
+            item_at.key("set").fail("expected at least one variable")
+        switches.append({"unless": string(raw["unless"], item_at.key("unless"), ABSOLUTE, "an absolute path (globs allowed)"),
+                         "set": variables, "note": string(raw["note"], item_at.key("note"), what="a one-line note")})
+    return switches
 
 
 def _versions(value: Any, at: At) -> dict[str, str]:
@@ -232,16 +290,16 @@ def _versions(value: Any, at: At) -> dict[str, str]:
     return bounds
 
 
-def _exports(value: Any, at: At) -> dict[str, str]:
-    """Variables the later stages of the image get; ``NAME+`` appends to a PATH-like variable."""
-    exports = {}
+def _variables(value: Any, at: At, what: str) -> dict[str, str]:
+    """Environment variables (a build's ``env``, its ``exports``); ``NAME+`` appends to a PATH-like one."""
+    variables = {}
     for key, val in mapping(value or {}, at).items():
         if not re.fullmatch(EXPORT_KEY, key):
             at.key(key).fail("expected an environment variable name, optionally ending in '+' (append)")
         if key.endswith("+") and not key[:-1].endswith("PATH"):
             at.key(key).fail(f"'+' appends to a PATH-like variable (a name ending in PATH), not {key[:-1]}")
-        exports[key] = string(val, at.key(key), what="a string value ({out} is the target's output folder)")
-    return exports
+        variables[key] = string(val, at.key(key), what=what)
+    return variables
 
 
 def _steps(value: Any, at: At) -> list[Step]:
@@ -283,6 +341,10 @@ def _step_params(kind: str, value: Any, at: At) -> Any:
         return {"package": string(params["package"], at.key("package"), DIST, "a wheel name such as 'nvidia-nccl-cu13'"),
                 "version": string(params["version"], at.key("version"), VERSION, "a version string such as '2.32.3'"),
                 "wheel": optional_string(params.get("wheel"), at.key("wheel"), r"(/|https?://)\S+", "an absolute path or URL of the wheel")}
+    if kind == "host_header":
+        params = mapping(value, at, required=("header", "under"))
+        return {"header": string(params["header"], at.key("header"), HEADER, "a header path such as 'cuda/std/utility'"),
+                "under": string(params["under"], at.key("under"), r"(/|\{cuda_home\}/?)\S*", "an absolute folder or one starting with {cuda_home}")}
     params = mapping(value, at, required=("from",), optional=("image", "dists", "keep_system"))
     dists = params.get("dists")
     result = {"from": string(params["from"], at.key("from"), ABSOLUTE, "an absolute site-packages folder"),

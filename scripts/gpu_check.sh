@@ -36,10 +36,7 @@ STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,vendor,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
 declare -a ROWS
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH=$PYTHONPATH:/tmp/site PATH=/tmp/site/bin:$PATH
-fi
+. scripts/site_wheels.sh
 want() { [[ $STEPS == *,$1,* || ( $1 == vendor-* && $STEPS == *,vendor,* ) ]]; }
 
 step() {  # step NAME LIMIT_SECONDS CMD...

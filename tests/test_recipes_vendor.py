@@ -1,5 +1,5 @@
-"""Vendor extension recipes: the repo's recipes for DeepGEMM, DeepEP and DeepSelect carry the
-field report's prerequisites; a missing prerequisite blocks its target with the reason; and
+"""Vendor extension recipes: the repo's recipes for DeepGEMM, FlashMLA, DeepEP and DeepSelect carry
+their prerequisites; a missing prerequisite blocks its target with the reason; and
 the fixture extension, built like them from a user-given checkout, lands in the image's own
 build folder, is found there by the later stages and computes right. A recipe that reinstalls
 torch fails its stage."""
@@ -47,29 +47,44 @@ def built(tmp_path_factory):
     return result
 
 
-def test_vendor_recipes_carry_the_field_reports_prerequisites():
+def test_vendor_recipes_carry_their_prerequisites():
     recipes = load_recipes(REPO / "recipes")
-    gemm, ep, select = recipes["deep-gemm"], recipes["deep-ep"], recipes["deep-select"]
-    assert {"elfutils/libdwfl.h", "libelf.h", "cusparse.h"} <= set(gemm.requires.headers)
-    assert ep.requires.versions == {"nvidia-nccl-cu*": ">=2.32.3"}
+    gemm, mla, ep, sdk, select = (recipes[n] for n in ("deep-gemm", "flash-mla", "deep-ep", "nccl-sdk", "deep-select"))
+    assert "cusparse.h" in gemm.requires.headers and {"cusparse.h", "cuda/std/utility"} <= set(mla.requires.headers)
+    assert ep.requires.recipes == ["nccl-sdk"] and ep.requires.versions == {"nvidia-nvshmem-cu*": ">=3.3.9"}
+    assert sdk.command[-2:] == ["--at-least", "2.30.4"] and sdk.exports["EP_NCCL_ROOT_DIR"] == "{out}"
+    assert mla.env == {"TORCH_CUDA_ARCH_LIST": "9.0a", "MAX_JOBS": "{jobs}"}
+    assert ep.switches == [{"unless": "/sys/class/infiniband/*", "set": {"EP_DISABLE_GIN": "1"}, "note": ep.switches[0]["note"]}]
     assert {"lspci", "git"} <= set(select.requires.commands) and "triton" in select.requires.modules
-    for recipe in (gemm, ep, select):
+    for recipe in (gemm, mla, ep, select):
         assert recipe.kind == "build" and "torch" in recipe.requires.modules
         assert {"--no-build-isolation", "--no-deps", "{out}"} <= set(recipe.command)
         assert all(p.startswith("{out}/") for p in recipe.products) and recipe.exports == {"PYTHONPATH+": "{out}"}
+    for recipe in (gemm, mla, ep, sdk):
+        assert recipe.requires.cuda == ">=12.3" and recipe.pinned is not None
+        assert recipe.smoke == ([] if recipe is sdk else ["python", "-m", f"bringup.smoke.{recipe.target.replace('-', '_')}"])
     steps = {(r.name, s.kind): s.params for r in recipes.values() for s in r.steps}
     assert steps[("env-build-deps", "apt")] == ["libdw-dev", "libelf-dev", "pciutils", "git"]
     assert steps[("env-python", "venv")] == "/opt/venv" and steps[("env-python", "python_symlink")] == "/usr/local/bin"
     assert steps[("env-cuda13", "nccl_pin")]["version"] == steps[("env-cuda12", "nccl_pin")]["version"] == "2.32.3"
     assert steps[("env-cuda13", "cuda_headers")]["from"] == "{site_packages}/nvidia/cu13/include"
+    assert steps[("env-cuda13", "host_header")] == steps[("env-cccl", "host_header")] == \
+        {"header": "cuda/std/utility", "under": "{cuda_home}/include"}
 
 
-def test_a_vendor_source_defaults_to_the_vendor_folder_and_follows_its_variable(tmp_path, monkeypatch):
+def test_a_vendor_source_is_its_pinned_tarball_unless_its_variable_names_a_checkout(tmp_path, monkeypatch):
     gemm = load_recipes(REPO / "recipes")["deep-gemm"]
     monkeypatch.delenv("DEEPGEMM_SRC", raising=False)
-    assert gemm.resolve_source() == (REPO / "vendor" / "DeepGEMM", None)
+    monkeypatch.delenv("BRINGUP_VENDOR_DIR", raising=False)
+    assert gemm.resolve_source() == (None, None)
+    pinned = gemm.to_spec()["pinned"]
+    assert pinned["archive"]["path"] == str(REPO / "vendor" / "DeepGEMM-54e2261.tar.gz")
+    assert {s["into"]: s["file"] for s in pinned["submodules"]} == {
+        "third-party/fmt": "fmt-553ec11.tar.gz", "third-party/cutlass/include": "nvidia_cutlass-4.2.0.0-py3-none-any.whl"}
+    monkeypatch.setenv("BRINGUP_VENDOR_DIR", str(tmp_path / "tarballs"))
+    assert gemm.to_spec()["pinned"]["vendor_dir"] == str(tmp_path / "tarballs")
     monkeypatch.setenv("DEEPGEMM_SRC", str(tmp_path / "checkout"))
-    assert gemm.resolve_source() == (tmp_path / "checkout", None)
+    assert gemm.resolve_source() == (tmp_path / "checkout", None) and gemm.to_spec()["pinned"] is None
     monkeypatch.setenv("DEEPGEMM_SRC", "third_party/DeepGEMM")
     assert gemm.resolve_source() == (REPO / "third_party" / "DeepGEMM", None)
 

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,22 @@ def test_missing_prerequisites_block_their_target(tmp_path, monkeypatch):
     assert "built needs-ok" in (tmp_path / targets["needs-ok"]["log"]).read_text()
     assert "blocked:" in (tmp_path / targets["no-module"]["log"]).read_text()
     assert len(body["problems"]) == 5
+
+
+def test_a_timed_command_is_killed_with_its_children(tmp_path):
+    """run_tee's timeout (the smoke tests'): the command and what it started die together."""
+    from bringup.stages.common import run_tee
+
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(child.pid, flush=True)\ntime.sleep(60)\n")
+    start = time.monotonic()
+    assert run_tee([sys.executable, "-c", code], tmp_path / "log", timeout=2) == -9
+    assert time.monotonic() - start < 30
+    text = (tmp_path / "log").read_text()
+    child = int(next(line for line in text.splitlines() if line.strip().isdigit()))
+    assert f"{sys.executable}: killed after 2 s" in text
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"

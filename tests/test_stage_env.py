@@ -19,7 +19,8 @@ import pytest
 from bringup.stages.common import site_packages
 from bringup.stages.env import _guard
 from bringup.stages.env_steps import (APPLIED, UNCHANGED, EnvContext, StepError, copy_site_packages, cuda_headers,
-                                      ld_library_path, nccl_pin, python_symlink, venv)
+                                      host_header, ld_library_path, nccl_pin, python_symlink, venv)
+from bringup.stages.prerequisites import cuda_home, include_dirs
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
@@ -181,6 +182,73 @@ def test_nccl_pin_installs_the_wheel_and_declares_the_version(made_venv, tmp_pat
     assert status == APPLIED and detail == f"fake-nccl-cu99 absent -> {version}"
     assert ctx.declared == {"nccl": version}
     assert nccl_pin(params, ctx)[0] == UNCHANGED
+
+
+CCCL = {"header": "cuda/std/utility", "under": "{cuda_home}/include"}
+USES_CCCL = "#include <cuda/std/utility>\nint main() { cuda::std::pair<int, int> p{1, 2}; return p.second - 2; }\n"
+
+
+@pytest.fixture
+def compiler_env(monkeypatch):
+    """No include-path variables from the host; the compiler's search folders probed afresh."""
+    for var in ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    include_dirs.cache_clear()
+    yield monkeypatch
+    include_dirs.cache_clear()
+
+
+def compiles(folder: Path, include_path: str | None) -> subprocess.CompletedProcess:
+    (folder / "uses_cccl.cpp").write_text(USES_CCCL)
+    env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "CPLUS_INCLUDE_PATH")}
+    if include_path:
+        env["CPLUS_INCLUDE_PATH"] = include_path
+    return subprocess.run(["c++", "-std=c++17", "-fsyntax-only", str(folder / "uses_cccl.cpp")], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_host_header_puts_the_folder_holding_it_on_the_compilers_path(tmp_path, compiler_env):
+    home = tmp_path / "cuda-13"
+    (home / "include" / "cccl" / "cuda" / "std").mkdir(parents=True)
+    (home / "include" / "cccl" / "cuda" / "std" / "utility").write_text(
+        "namespace cuda { namespace std { template <class A, class B> struct pair { A first; B second; }; } }\n")
+    compiler_env.setenv("CUDA_HOME", str(home))
+    assert "fatal error: cuda/std/utility" in compiles(tmp_path, None).stderr  # what g++ says without the step
+    ctx = context()
+    status, detail = host_header(CCCL, ctx)
+    assert status == APPLIED and ctx.exports == {"CPLUS_INCLUDE_PATH+": str(home / "include" / "cccl")}, detail
+    assert compiles(tmp_path, ctx.exports["CPLUS_INCLUDE_PATH+"]).returncode == 0
+    compiler_env.setenv("CPLUS_INCLUDE_PATH", ctx.exports["CPLUS_INCLUDE_PATH+"])
+    again = context()
+    assert host_header(CCCL, again)[0] == UNCHANGED and again.exports == {}
+
+
+def test_host_header_leaves_cuda_12_and_cuda_less_hosts_alone(tmp_path, compiler_env):
+    home = tmp_path / "cuda-12"
+    (home / "include" / "cuda" / "std").mkdir(parents=True)
+    (home / "include" / "cuda" / "std" / "utility").write_text("/* CUDA 12 keeps it in include/ */\n")
+    compiler_env.setenv("CUDA_HOME", str(home))
+    ctx = context()
+    status, detail = host_header(CCCL, ctx)
+    assert status == UNCHANGED and detail.startswith("<cuda/std/utility> is found already") and ctx.exports == {}
+    compiler_env.setenv("CUDA_HOME", str(tmp_path / "empty"))
+    (tmp_path / "empty" / "include").mkdir(parents=True)
+    status, detail = host_header(CCCL, ctx)
+    assert status == UNCHANGED and "nothing to add" in detail and ctx.exports == {}
+
+
+REAL_CUDA = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+
+
+@pytest.mark.skipif(not (REAL_CUDA / "include" / "cccl" / "cuda" / "std" / "utility").is_file(),
+                    reason=f"needs a CUDA 13 toolkit (with include/cccl) at {REAL_CUDA}")
+def test_host_header_with_a_real_cuda_13_toolkit(tmp_path, compiler_env):
+    compiler_env.setenv("CUDA_HOME", str(REAL_CUDA))
+    ctx = context()
+    status, _ = host_header(CCCL, ctx)
+    folder = ctx.exports["CPLUS_INCLUDE_PATH+"]
+    assert status == APPLIED and Path(folder) == Path(cuda_home(), "include", "cccl")
+    assert compiles(tmp_path, None).returncode != 0 and compiles(tmp_path, folder).returncode == 0
 
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg")

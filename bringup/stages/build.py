@@ -1,24 +1,29 @@
 """The build stage, inside the image: build each build recipe against the image's own torch,
-check every .so it made for torch symbols the installed torch does not export, and guard
-that no recipe touched the image's torch/Triton/NCCL.
+check every .so it made for torch symbols the installed torch does not export, guard that no
+recipe touched the image's torch/Triton/NCCL, and smoke-test what was built.
 
 Each target builds into its own folder ``<artifacts>/<image>/build/<target>`` (``{out}`` in
 the recipe), emptied first and owned afterwards by whoever owns ``<artifacts>/<image>``, so
-images never overwrite each other's extensions and root does not keep them.
+images never overwrite each other's extensions and root does not keep them. A pinned source
+is checked and assembled into ``{out}/source-tree`` first (:mod:`.build_source`), even where
+the target cannot build, so the tree is checked on every host. A target runs with the exports
+of the targets it requires, its recipe's ``env`` and the ``switches`` that apply here.
 
 Writes ``build.json`` with ``targets``: ``[{name, recipe, status, seconds, log, detail,
-source, out, so_files, abi: [{so, sha256, undefined_torch_symbols, built_against, installed,
-status, message}], guard}]``, ``exports`` (the variables the passed targets give the later
-stages, ``{out}`` filled in) and ``problems``. A target is "passed", "failed" (its command
-failed, an ABI check found unresolved torch symbols, or it changed torch/Triton/NCCL) or
-"blocked" (a prerequisite is missing; see :mod:`.prerequisites`).
+source, source_check, out, so_files, abi: [{so, sha256, undefined_torch_symbols,
+built_against, installed, status, message}], guard, switches, smoke, fails_stage}]``,
+``exports`` (the variables the passed targets give the later stages, ``{out}`` filled in),
+``problems`` and ``notes``. A target is "passed", "failed" (its source was refused, its command
+or smoke test failed, an ABI check found unresolved torch symbols, or it changed
+torch/Triton/NCCL) or "blocked" (a prerequisite is missing; see :mod:`.prerequisites`). A target
+blocked because the host has no nvcc or no CUDA torch (``requires.cuda``) does not fail the
+stage: it is a note, as is a smoke test that could not run here (``smoke.status`` "blocked").
 """
 
 from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import os
 import shutil
 import sys
@@ -27,55 +32,86 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import FAILED, PASSED, read_json
+from ..hashing import file_sha256
 from . import layers
 from .abi import OK, TorchInstall, check_abi
+from .build_source import prepare
 from .common import components, probe_versions, run_tee, stage_python
-from .prerequisites import missing
+from .prerequisites import cuda_home, cuda_missing, missing
 
 BLOCKED = "blocked"
 OUT = "{out}"
+SMOKE_STATUSES = (PASSED, FAILED, BLOCKED, "skipped")
+SMOKE_TIMEOUT = 300
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     known = _known_builds(out.parent)
     versions = functools.lru_cache(maxsize=None)(lambda: probe_versions(sys.executable))
     probe = lambda: components(versions())  # noqa: E731 - probed once, and only when needed
-    targets: list[dict[str, Any]] = []
+    targets: dict[str, dict[str, Any]] = {}
     exports: dict[str, str] = {}
     for recipe in spec["recipes"]:
-        target = _build(recipe, out, {t["name"]: t["status"] for t in targets}, known, probe)
+        required: dict[str, str] = {}
+        for other in recipe["requires"]["recipes"]:
+            if targets.get(other, {}).get("status") == PASSED:
+                _merge_exports(required, targets[other]["exports"])
+        target = _build(recipe, out, {n: t["status"] for n, t in targets.items()}, known, probe, required)
         print(f"[build] {target['name']}: {target['status']}" + (f" ({target['detail']})" if target["detail"] else ""), flush=True)
-        for line in (a["message"] for a in target["abi"] if a["message"]):
+        for line in [a["message"] for a in target["abi"] if a["message"]] + [s["note"] for s in target["switches"]]:
             print(f"[build] {target['name']}: {line}", flush=True)
-        targets.append(target)
+        if target["smoke"]:
+            print(f"[build] {target['name']}: smoke test {target['smoke']['status']}: {target['smoke'].get('detail', '')}", flush=True)
+        targets[target["name"]] = target
         if target["status"] == PASSED:
             _merge_exports(exports, target["exports"])
     _give_back(out, [out / "build", out / "logs"])
-    problems = [f"{t['name']}: {t['status']} ({t['detail']})" for t in targets if t["status"] != PASSED]
-    return (FAILED if problems else PASSED), {"targets": targets, "exports": exports, "problems": problems}, versions()
+    done = list(targets.values())
+    problems = [f"{t['name']}: {t['status']} ({t['detail']})" for t in done if t["status"] != PASSED and t["fails_stage"]]
+    notes = [f"{t['name']}: {t['status']} ({t['detail']})" for t in done if t["status"] != PASSED and not t["fails_stage"]]
+    notes += [f"{t['name']}: smoke test blocked ({t['smoke'].get('detail', '')})" for t in done
+              if t["smoke"] and t["smoke"]["status"] == BLOCKED]
+    return (FAILED if problems else PASSED), {"targets": done, "exports": exports, "problems": problems, "notes": notes}, versions()
 
 
-def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[str, dict], probe) -> dict[str, Any]:
+def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[str, dict], probe,
+           required: dict[str, str]) -> dict[str, Any]:
     name = recipe["target"]
     target_out = out / "build" / name
     log = out / "logs" / f"build-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# build target {name} (recipe {recipe['name']})\n")
     entry: dict[str, Any] = {"name": name, "recipe": recipe["name"], "status": BLOCKED, "seconds": 0.0,
-                             "log": str(log.relative_to(out)), "detail": "", "source": recipe["source"],
-                             "out": str(target_out), "so_files": [], "abi": [], "exports": {}, "guard": []}
-    lacking = missing(recipe, done, probe)
-    if lacking:
-        entry["detail"] = "; ".join(lacking)
-        with open(log, "a") as fh:
-            fh.write(f"blocked: {entry['detail']}\n")
-        return entry
+                             "log": str(log.relative_to(out)), "detail": "", "source": recipe["source"], "source_check": None,
+                             "out": str(target_out), "so_files": [], "abi": [], "exports": {}, "guard": [],
+                             "switches": [], "smoke": None, "fails_stage": True}
     shutil.rmtree(target_out, ignore_errors=True)
     target_out.mkdir(parents=True)
-    fill = functools.partial(_fill, out=str(target_out))
-    source = Path(recipe["source"])
+    src = prepare(recipe, target_out)
+    entry["source_check"] = src.check
+    if src.path is not None:
+        entry["source"] = str(src.path)
+    no_cuda = cuda_missing(recipe["requires"]["cuda"], probe) if recipe["requires"].get("cuda") else None
+    lacking = [] if src.refused or no_cuda else src.lacking + missing({**recipe, "source": entry["source"]}, done, probe)
+    if src.refused or no_cuda or lacking:
+        entry["status"], entry["detail"] = (FAILED, src.refused) if src.refused else (BLOCKED, no_cuda or "; ".join(lacking))
+        entry["fails_stage"] = not no_cuda or bool(src.refused)
+        with open(log, "a") as fh:
+            fh.write(f"{entry['status']}: {entry['detail']}\n")
+        return entry
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    values = {OUT: str(target_out), "{jobs}": str(jobs), "{cuda_home}": cuda_home() or ""}
+    fill = functools.partial(_fill, values=values)
+    source = src.path
     argv = [stage_python(recipe["command"][0], sys.executable), *map(fill, recipe["command"][1:])]
-    env = {**os.environ, **{k: fill(v) for k, v in recipe["env"].items()}, "BRINGUP_BUILD_OUT": str(target_out)}
+    env = _environment(_environment(dict(os.environ), required), {k: fill(v) for k, v in recipe["env"].items()})
+    for switch in recipe.get("switches") or []:
+        if not glob.glob(switch["unless"]):
+            env.update(switch["set"])
+            entry["switches"].append(switch)
+    if recipe.get("pinned"):  # keep the vendor's setup.py away from the repository around artifacts/
+        env["GIT_CEILING_DIRECTORIES"] = str(source.parent)
+    env["BRINGUP_BUILD_OUT"] = str(target_out)
     print(f"[build] {name}: {' '.join(argv)} (in {source})", flush=True)
     before = layers.snapshot(sys.executable)
     start_wall, start = time.time(), time.monotonic()
@@ -87,19 +123,50 @@ def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[
     torch = TorchInstall.installed()
     entry["abi"] = [_abi(p, rel, torch, known, start_wall) for p, rel in zip(so_files, entry["so_files"])]
     entry["exports"] = {k: fill(v) for k, v in recipe.get("exports", {}).items()}
+    entry["exports"].update({k: v for s in entry["switches"] for k, v in s["set"].items()})
     if code != 0:
         entry["status"], entry["detail"] = FAILED, f"command exited with {code} (see {entry['log']})"
     elif entry["guard"]:
         entry["status"], entry["detail"] = FAILED, "; ".join(entry["guard"])
     elif any(a["status"] != OK for a in entry["abi"]):
         entry["status"], entry["detail"] = FAILED, "torch ABI mismatch: " + "; ".join(a["message"] for a in entry["abi"] if a["status"] != OK)
+    elif recipe.get("smoke"):
+        smoke_argv = [stage_python(recipe["smoke"][0], sys.executable), *map(fill, recipe["smoke"][1:])]
+        smoke_env = {**_environment(env, entry["exports"]), "BRINGUP_SOURCE_TREE": str(source)}
+        entry["smoke"] = _smoke(smoke_argv, smoke_env, target_out, log, target_out / "smoke.json")
+        failed = entry["smoke"]["status"] == FAILED
+        entry["status"], entry["detail"] = (FAILED, f"smoke test failed: {entry['smoke']['detail']}") if failed else (PASSED, "")
     else:
         entry["status"] = PASSED
     return entry
 
 
-def _fill(text: str, out: str) -> str:
-    return text.replace(OUT, out)
+def _smoke(argv: list[str], env: dict[str, str], cwd: Path, log: Path, result: Path) -> dict[str, Any]:
+    """Run the recipe's smoke test (one of :mod:`bringup.smoke`) in ``{out}``, not in the source
+    tree, whose unbuilt package would shadow the built one (``python -m`` puts the working folder
+    first on sys.path; ``BRINGUP_SOURCE_TREE`` names the tree). Its JSON result (``status``:
+    passed, failed, skipped or blocked, and a one-line ``detail``) with its exit code."""
+    result.unlink(missing_ok=True)
+    code = run_tee([*argv, "--json", str(result)], log, cwd=cwd, env=env, timeout=SMOKE_TIMEOUT)
+    record = read_json(result)
+    if not isinstance(record, dict) or record.get("status") not in SMOKE_STATUSES:
+        return {"status": FAILED, "detail": f"{' '.join(argv[1:3])} exited with {code} and wrote no result (see the log)", "exit_code": code}
+    return {**record, "exit_code": code}
+
+
+def _environment(base: dict[str, str], variables: dict[str, str]) -> dict[str, str]:
+    """``base`` with ``variables`` set (``NAME+`` appends to a PATH-like variable)."""
+    env = dict(base)
+    for key, value in variables.items():
+        name = key.rstrip("+")
+        env[name] = f"{env[name]}{os.pathsep}{value}" if key.endswith("+") and env.get(name) else value
+    return env
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, value)
+    return text
 
 
 def _products(patterns: list[str], source: Path, target_out: Path) -> list[Path]:
@@ -117,7 +184,7 @@ def _abi(path: Path, rel: str, torch: TorchInstall, known: dict[str, dict], buil
     """The ABI check of one product. It was built against the installed torch when this run
     made it; a file left from before is looked up by its hash in every image's build record
     (else its torch is unknown)."""
-    digest = _sha256(path)
+    digest = file_sha256(path)
     rebuilt = path.stat().st_mtime >= build_started - 1
     origin = None if rebuilt else known.get(digest)
     built_against = torch.version if rebuilt else origin["built_against"] if origin else None
@@ -125,14 +192,6 @@ def _abi(path: Path, rel: str, torch: TorchInstall, known: dict[str, dict], buil
     if origin:
         entry["built_in"] = origin["image"]
     return {**entry, "sha256": digest}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _known_builds(artifacts: Path) -> dict[str, dict]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,13 @@ def version_matches(expected: str, actual: str | None) -> bool:
     return actual is not None and (actual == expected or ("+" not in expected and actual.startswith(expected + "+")))
 
 
-def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float | None = None) -> int:
     """Run ``argv``; its output goes to this process's stdout (which the runner logs) and, when
-    given, to ``log_path`` as well. Returns the exit code (127 when it cannot start)."""
+    given, to ``log_path`` as well. Returns the exit code (127 when it cannot start). With a
+    ``timeout`` its process group is killed as a whole when the time is up (exit
+    code -9). It always runs in its own process group, stopped as a whole when the stage is
+    interrupted (:func:`bringup.stages.interrupts.child`)."""
     log = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,13 +71,23 @@ def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env
         try:
             with interrupts.child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, errors="replace") as proc:
+                timer = threading.Timer(timeout, _kill_group, (proc.pid,)) if timeout is not None else None
+                if timer is not None:
+                    timer.start()
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    emit(line)
-                return proc.wait()
+                try:
+                    for line in proc.stdout:
+                        emit(line)
+                    code = proc.wait()
+                finally:
+                    if timer is not None:
+                        timer.cancel()
         except OSError as exc:
             emit(f"cannot start {argv[0]}: {exc}\n")
             return 127
+        if timer is not None and code == -signal.SIGKILL:
+            emit(f"{argv[0]}: killed after {timeout:g} s\n")
+        return code
     finally:
         try:
             sys.stdout.flush()
@@ -79,6 +95,13 @@ def run_tee(argv: list[str], log_path: Path | None, cwd: Path | None = None, env
             pass
         if log is not None:
             log.close()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def site_packages(python: str) -> list[str]:

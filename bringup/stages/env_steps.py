@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from .common import run_tee, site_packages
 from .layers import GUARDED, dist_info_name, normalize
+from .prerequisites import cuda_home, find_header, include_dirs
 
 APPLIED, UNCHANGED = "applied", "unchanged"
 # Distributions copy_site_packages never overwrites when the image has them: replacing them
@@ -260,7 +261,32 @@ def _remove_by_record(info: Path) -> None:
     shutil.rmtree(info, ignore_errors=True)
 
 
+def host_header(params: dict[str, str], ctx: EnvContext) -> tuple[str, str]:
+    """Let the host C++ compiler find ``header``: when neither its include folders nor CUDA's
+    (which CUDA extensions search) hold it, the shallowest folder under ``under`` that does
+    (CUDA 13 keeps ``<cuda/std/...>`` in ``include/cccl``, which nvcc searches and g++ does not)
+    is appended to CPLUS_INCLUDE_PATH for the later stages."""
+    header, under = params["header"], params["under"]
+    if "{cuda_home}" in under:
+        home = cuda_home()
+        if home is None:
+            return UNCHANGED, f"no CUDA toolkit here: nothing to add for <{header}>"
+        under = under.replace("{cuda_home}", home)
+    include_dirs.cache_clear()
+    found = find_header(header)
+    if found:
+        return UNCHANGED, f"<{header}> is found already ({found})"
+    matches = sorted(glob.glob(os.path.join(under, "**", header), recursive=True), key=lambda p: (p.count(os.sep), p))
+    if not matches:
+        return UNCHANGED, f"no {header} under {under}: nothing to add (a build that needs it is blocked naming it)"
+    folder = matches[0][: -len(header)].rstrip(os.sep)
+    previous = ctx.exports.get("CPLUS_INCLUDE_PATH+")
+    ctx.exports["CPLUS_INCLUDE_PATH+"] = os.pathsep.join(([previous] if previous else []) + [folder])
+    return APPLIED, f"later stages get CPLUS_INCLUDE_PATH += {folder} (it holds <{header}>)"
+
+
 STEPS: dict[str, Callable[[Any, EnvContext], tuple[str, str]]] = {
     "apt": apt, "venv": venv, "cuda_headers": cuda_headers, "nccl_pin": nccl_pin,
     "python_symlink": python_symlink, "ld_library_path": ld_library_path, "copy_site_packages": copy_site_packages,
+    "host_header": host_header,
 }

@@ -3,7 +3,8 @@
 ``missing(recipe, done, components)`` lists, one line each, every prerequisite the image
 lacks: the source folder, Python modules, commands, environment variables, C headers,
 versions (of a probe component such as ``nccl``, or of installed distributions such as
-``nvidia-nccl-cu*``) and build targets that had to pass first.
+``nvidia-nccl-cu*``) and build targets that had to pass first. ``cuda_missing`` says why a
+CUDA build cannot run on this host at all (no nvcc, or a torch without CUDA).
 """
 
 from __future__ import annotations
@@ -53,6 +54,36 @@ def missing(recipe: dict[str, Any], done: dict[str, str], components: Callable[[
             lines.append(f"{name} {bounds} is required, this image has {found}")
     lines += [f"required target {r} did not pass ({done.get(r, 'not built')})" for r in req["recipes"] if done.get(r) != PASSED]
     return lines
+
+
+def cuda_missing(bounds: str | None, components: Callable[[], dict[str, str | None]]) -> str | None:
+    """Why a target that needs CUDA cannot build here (``needs nvcc and a CUDA torch: <what is
+    missing>``), or None when nvcc is there and torch's CUDA meets ``bounds``."""
+    why = []
+    if find_nvcc() is None:
+        why.append(f"no nvcc on PATH or in {cuda_home() or 'a CUDA_HOME'}")
+    torch, cuda = components().get("torch"), components().get("cuda")
+    if not cuda:
+        why.append(f"torch {torch} has no CUDA" if torch else "no torch")
+    elif bounds and not satisfies(cuda, bounds):
+        why.append(f"torch {torch} is built for CUDA {cuda}, {bounds} is required")
+    return f"needs nvcc and a CUDA torch: {'; '.join(why)}" if why else None
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit's folder, found the way torch's extension builder finds it: CUDA_HOME,
+    CUDA_PATH, the folder above nvcc on PATH, else /usr/local/cuda when it exists."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return home if os.path.isdir(home) else None
+
+
+def find_nvcc() -> str | None:
+    home = cuda_home()
+    nvcc = os.path.join(home, "bin", "nvcc") if home else None
+    return nvcc if nvcc and os.access(nvcc, os.X_OK) else shutil.which("nvcc")
 
 
 def _not_importable(module: str) -> str | None:
@@ -109,8 +140,7 @@ def include_dirs() -> tuple[str, ...]:
             pass
     if not found:
         found = ["/usr/local/include", "/usr/include"]
-    cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    found.append(os.path.join(cuda, "include"))
+    found.append(os.path.join(cuda_home() or "/usr/local/cuda", "include"))
     for var in ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH"):
         found += [d for d in os.environ.get(var, "").split(os.pathsep) if d]
     return tuple(dict.fromkeys(os.path.normpath(d) for d in found))

@@ -1,0 +1,47 @@
+"""``python -m bringup.smoke.flash_mla --json FILE``: import the built FlashMLA; on an SM90 GPU,
+one dense paged MLA decode (``flash_mla.flash_mla_with_kvcache``, bf16 cache of 64-token
+blocks, 576-wide keys, 512-wide values) against ``kernels.ops.attn.mla_decode_reference`` on
+fresh random inputs: random context lengths and a shuffled block table."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import FAILED, PASSED, SKIPPED, against_reference, generator, import_module, main, one_line, result, sm90_device
+
+BATCH, HEADS, RANK, ROPE, BLOCK, MAX_BLOCKS = 4, 16, 512, 64, 64, 8
+
+
+def check() -> dict:
+    flash_mla, imported = import_module("flash_mla")
+    if flash_mla is None:
+        return result(FAILED, f"import flash_mla failed: {imported['error']}", imported=imported)
+    device, why = sm90_device()
+    if device is None:
+        return result(SKIPPED, f"imported {imported['file']}; {why}", imported=imported)
+    import torch
+
+    from kernels.cases import randint, randn
+    from kernels.ops.attn import mla_decode_reference
+
+    gen, seed = generator()
+    blocks = BATCH * MAX_BLOCKS + 3
+    cache = randn(gen, (blocks, BLOCK, RANK + ROPE), torch.bfloat16, "cuda")
+    tables = torch.randperm(blocks, generator=gen)[: BATCH * MAX_BLOCKS].view(BATCH, MAX_BLOCKS).to(torch.int32).cuda()
+    lens = randint(gen, (BATCH,), 1, MAX_BLOCKS * BLOCK + 1, "cuda", torch.int32)
+    q = randn(gen, (BATCH, HEADS, RANK + ROPE), torch.bfloat16, "cuda")
+    scale = (RANK + ROPE) ** -0.5
+    meta, _ = flash_mla.get_mla_metadata()
+    out, _lse = flash_mla.flash_mla_with_kvcache(q.unsqueeze(1), cache.unsqueeze(2), tables, lens, RANK, meta,
+                                                 softmax_scale=scale, causal=False)
+    torch.cuda.synchronize()
+    ref = mla_decode_reference(q, cache, tables, lens, scale, RANK)
+    call = {"op": "attn.mla_decode", "function": "flash_mla.flash_mla_with_kvcache", "batch": BATCH, "heads": HEADS,
+            "width": [RANK + ROPE, RANK], "block_size": BLOCK, "context_lens": lens.tolist(), "seed": seed,
+            **against_reference(out.squeeze(1), ref)}
+    status = PASSED if call["ok"] else FAILED
+    return result(status, f"paged decode b{BATCH} h{HEADS} on {device['name']}: {one_line(call)}", imported=imported, device=device, call=call)
+
+
+if __name__ == "__main__":
+    sys.exit(main(check, "python -m bringup.smoke.flash_mla"))
