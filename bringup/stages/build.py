@@ -132,7 +132,8 @@ def _build(recipe: dict[str, Any], out: Path, done: dict[str, str], known: dict[
         entry["status"], entry["detail"] = FAILED, "torch ABI mismatch: " + "; ".join(a["message"] for a in entry["abi"] if a["status"] != OK)
     elif recipe.get("smoke"):
         smoke_argv = [stage_python(recipe["smoke"][0], sys.executable), *map(fill, recipe["smoke"][1:])]
-        smoke_env = {**_environment(env, entry["exports"]), "BRINGUP_SOURCE_TREE": str(source)}
+        # A crash in native code prints the Python stack where it happened (faulthandler).
+        smoke_env = {**_environment(env, entry["exports"]), "BRINGUP_SOURCE_TREE": str(source), "PYTHONFAULTHANDLER": "1"}
         entry["smoke"] = _smoke(smoke_argv, smoke_env, target_out, log, target_out / "smoke.json")
         failed = entry["smoke"]["status"] == FAILED
         entry["status"], entry["detail"] = (FAILED, f"smoke test failed: {entry['smoke']['detail']}") if failed else (PASSED, "")
