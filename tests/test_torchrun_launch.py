@@ -17,9 +17,9 @@ import pytest
 from launches import Launch
 from processes import alive_with_run_id, children, environment
 
-from engine.launch.torchrun_node import is_loopback, parse_endpoint
-from engine.launch.torchrun_rank import writer_rank
 from engine.launch.resolve import UsageError
+from engine.launch.torchrun_node import AGENT_LINGER_S, is_loopback, parse_endpoint
+from engine.launch.torchrun_rank import writer_rank
 from engine.tiny import answer_key
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -148,6 +148,25 @@ def test_killing_one_node_ends_the_other_within_30_s(tmp_path, victim):
             assert report["tracebacks"] and {t["rank"] for t in report["tracebacks"]} <= set(ranks[0])
             assert report["failure"]["agent_log_tail"]
     assert_nothing_left(nodes)
+
+
+def test_an_agent_that_outlives_its_ranks_is_ended(tmp_path):
+    # One node: the agent is stopped (it can neither notice nor exit) and its ranks are killed.
+    launch = Launch(tmp_path, "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
+                    "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *LONG_RUN)
+    ranks = launch.generating(2)
+    (agent,) = children(launch.proc.pid)
+    os.kill(agent, signal.SIGSTOP)
+    for pid in ranks.values():
+        os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert launch.wait(timeout=60) == 1, launch.output
+    assert AGENT_LINGER_S <= time.monotonic() - killed_at < AGENT_LINGER_S + 15
+    report = launch.report()
+    assert report["reason"] == f"rank 0 ended unfinished and the torchrun agent was still running {AGENT_LINGER_S:g} s later"
+    assert report["failure"]["rank"] == 0 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert all(r["phase"] == "ready" or r["phase"].startswith("step ") for r in report["ranks"])  # killed while generating
+    assert_nothing_left([launch])
 
 
 def test_a_hung_rank_is_caught_by_its_nodes_watchdog(tmp_path):

@@ -138,8 +138,7 @@ class AgentSupervisor(Supervisor):
 
     def _lingering(self) -> Outcome | None:
         """The agent outlived its ranks, one of which ended without finishing, by AGENT_LINGER_S."""
-        registered = heartbeat.pids(self.run_dir)
-        unfinished = [r for r in registered if (heartbeat.read(self.run_dir, r) or heartbeat.Heartbeat("", 0)).phase != "done"]
+        unfinished = [rank for rank in heartbeat.pids(self.run_dir) if not self._finished(rank)]
         if not unfinished or self._rank_pids():
             self._ranks_gone_at = None
             return None
@@ -148,6 +147,10 @@ class AgentSupervisor(Supervisor):
             return None
         return Outcome(EXIT_RANK_FAILED, f"rank {min(unfinished)} ended unfinished and the torchrun agent was still "
                        f"running {AGENT_LINGER_S:g} s later", min(unfinished))
+
+    def _finished(self, rank: int) -> bool:
+        hb = heartbeat.read(self.run_dir, rank)
+        return hb is not None and hb.phase == "done"
 
     def _rank_pids(self) -> dict[int, int]:
         return {rank: pid for rank, pid in heartbeat.pids(self.run_dir).items() if alive(pid) and self._ours(pid)}

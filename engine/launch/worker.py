@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.files import to_json, write_text
+
 from . import heartbeat, rank_env
 from .job import Job
 from .parent_death import die_with_parent
