@@ -9,7 +9,8 @@ group as JSON (no shared filesystem) to the report writer: the lowest global ran
 whose ``DIR`` gets ``report.json`` and ``tokens.jsonl``. Node 0 is the node launched with
 ``--node-rank 0`` (``ENGINE_LAUNCH_NODE_RANK``), else torchrun's first agent (``GROUP_RANK``).
 The writer exits with the report's status; the other ranks exit 0. A rank that fails raises
-(exit 1): torchrun then stops the job.
+(exit 1): torchrun then stops the job. The report's ``timings.wall_s`` is the writer's, from
+joining the group to the report (torchrun's start and the rendezvous are not in it).
 
 Under :mod:`.torchrun_node` (``ENGINE_LAUNCH_RUN_DIR`` set) the rank also registers its pid and
 beats its heartbeat for that launcher's hang watchdog, and writes its Python stacks into its log
