@@ -6,7 +6,8 @@
 ``report.json`` (``"schema": 1``): the stage header (``stage``, ``image``, ``run_id``, ``status``,
 ``started``, ``ended``, ``versions``), ``exit_code``, ``reason``, ``world_size``, ``device``,
 ``backend``, ``model``, ``max_tokens``, ``ops`` (rank 0's ``kernels.report()``: each op's backend
-and every fallback) and ``ops_differ`` (ranks whose report differs), ``native``, ``env`` (the rank
+and every fallback) and ``ops_differ`` (ranks whose report differs), ``native``, ``cuda_graphs`` (rank 0's captured
+decode batch sizes, None when eager), ``env`` (the rank
 settings and whether the launcher set them), ``quirks``, ``consistent`` (every prompt gave one
 sequence on all ranks), ``answers`` (the answer-key score, None without a key), ``timings``,
 ``ranks`` (pid, exit, state at the end, heartbeat), ``failure`` (the blamed rank, why, the last
@@ -136,7 +137,7 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
         "exit_code": exit_code, "reason": launch["reason"], "world_size": world_size, "device": launch["device"],
         "backend": first["backend"] if first else None, "model": launch["model"], "max_tokens": launch["max_tokens"],
         "versions": first["versions"] if first else None, "ops": first["ops"] if first else None, "ops_differ": ops_differ,
-        "native": first["native"] if first else None, "env": launch["env"], "quirks": launch["quirks"],
+        "native": first["native"] if first else None, "cuda_graphs": first.get("cuda_graphs") if first else None, "env": launch["env"], "quirks": launch["quirks"],
         "consistent": consistent, "answers": answers, "timings": timings, "ranks": launch["ranks"],
         "failure": failure, "tracebacks": tracebacks, "prompts": entries,
     }

@@ -81,7 +81,7 @@ def _invocations(job: dict) -> list[list[str]]:
 def test_workflow_runs_the_matrix_then_every_image_then_the_diff():
     flow = yaml.safe_load(WORKFLOW.read_text())
     jobs = flow["jobs"]
-    assert set(jobs) == {"matrix", "image", "diff"}
+    assert set(jobs) == {"matrix", "image", "diff", "multinode"}
     # matrix -> image -> diff
     emit = next(s for s in jobs["matrix"]["steps"] if s.get("id") == "emit")
     assert ">> \"$GITHUB_OUTPUT\"" in emit["run"] and "jobs=$(invoke matrix --json" in emit["run"]
@@ -119,3 +119,32 @@ def test_workflow_runs_the_matrix_then_every_image_then_the_diff():
         for word in words[1:]:
             if word.startswith("--"):
                 assert word in flags, f"invoke {words[0]} has no {word} (has {sorted(flags)})"
+
+
+def test_every_action_is_pinned_to_a_commit_and_checkouts_keep_no_credentials():
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    steps = [step for job in flow["jobs"].values() for step in job["steps"]]
+    uses = [step["uses"] for step in steps if "uses" in step]
+    assert uses and all(re.fullmatch(r"actions/[\w-]+@[0-9a-f]{40}", u) for u in uses), uses
+    checkouts = [step for step in steps if step.get("uses", "").startswith("actions/checkout@")]
+    assert len(checkouts) == len(flow["jobs"]) and all(step["with"]["persist-credentials"] is False for step in checkouts)
+    for name in ("image", "multinode"):  # self-hosted: never a fork's pull request
+        assert "github.event.pull_request.head.repo.full_name == github.repository" in flow["jobs"][name]["if"]
+
+
+def test_multinode_job_runs_one_torchrun_node_per_labelled_runner():
+    from engine.launch.cli import parse_args
+
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["multinode"]
+    assert "vars.BRINGUP_RDZV_ENDPOINT != ''" in job["if"]  # skipped until the runners and the endpoint exist
+    assert job["strategy"]["matrix"]["node"] == [0, 1]
+    assert job["runs-on"] == ["self-hosted", "gpu", "bringup-node${{ matrix.node }}"]
+    (launch,) = [step for step in job["steps"] if "engine.launch" in step.get("run", "")]
+    assert launch["env"] == {"NODE": "${{ matrix.node }}", "ENDPOINT": "${{ vars.BRINGUP_RDZV_ENDPOINT }}"}
+    words = launch["run"].replace('"', "").split()
+    assert words[:3] == [".venv/bin/python", "-m", "engine.launch"]
+    args = parse_args([w.replace("$NODE", "1").replace("$ENDPOINT", "node0:29400") for w in words[3:]])
+    assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == (2, 1, "node0:29400")
+    assert str(args.out) == "artifacts/multinode/node1"
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "${{ always() }}" and upload["with"]["path"] == "artifacts/multinode/node${{ matrix.node }}/"

@@ -6,60 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from launches import Launch
 from processes import alive_with_run_id
 
 from engine.tiny import answer_key
 
-REPO = Path(__file__).resolve().parent.parent
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 LONG_RUN = ["--max-tokens", "200", "--ignore-eos"]
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
-
-
-class Launch:
-    """One launcher process with its own run id, on the CPU (gloo) even where there are GPUs
-    (Triton's interpreter is not asked for)."""
-
-    def __init__(self, out: Path, *args: str, env: dict[str, str] | None = None):
-        self.out, self.run_id = out, f"e2e-test-{secrets.token_hex(6)}"
-        base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ENGINE_OPS_BACKEND")}
-        full_env = {**base, "PYTHONPATH": str(REPO), "BRINGUP_RUN_ID": self.run_id, **(env or {})}
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "engine.launch", "--device", "cpu", "--out", str(out), *args], cwd=REPO,
-                                     env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        self.output = self.proc.stdout.read()
-        return self.proc.returncode
-
-    def rank_pid(self, rank: int, timeout: float = 90) -> int:
-        """The pid of ``rank`` once it is generating (read from its log)."""
-        log = self.out / f"rank{rank}.log"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = log.read_text() if log.exists() else ""
-            if "generating" in text:
-                return int(text.split(" pid ", 1)[1].split(",", 1)[0])
-            assert self.proc.poll() is None, f"the launcher ended early: {self.proc.stdout.read()}"
-            time.sleep(0.1)
-        raise AssertionError(f"rank {rank} did not start generating within {timeout} s")
-
-    def report(self) -> dict:
-        return json.loads((self.out / "report.json").read_text())
 
 
 def test_eight_ranks_agree_and_answer_the_whole_key(tmp_path):

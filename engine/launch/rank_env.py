@@ -1,14 +1,16 @@
 """The environment of rank processes: fixed settings, and settings that follow from detected quirks.
 
-Always (set only when absent, for ranks this launcher starts and for ranks started with their
-own environment, e.g. by torchrun): NVLink SHARP / multicast off (``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) and one OpenMP thread.
+Always (set only when absent): NVLink SHARP / multicast off (``NCCL_NVLS_ENABLE=0``,
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) and one OpenMP thread. The
+single-host launcher puts them in each rank's environment, the node launcher in its torchrun
+agent's (so every rank starts with them), and a rank started by a bare torchrun sets them in its
+own environment before it joins the process group (before NCCL reads them).
 
 Detected: without InfiniBand verbs devices (``/dev/infiniband/uverbs*``, e.g. a container that
 does not mount them) no RDMA path is attempted: ``NCCL_IB_DISABLE=1`` and ``EP_DISABLE_GIN=1``
 (DeepEP's GPU-initiated networking), instead of asking the user to know and set them. Ranks of
-one host run gloo over the loopback interface (``GLOO_SOCKET_IFNAME``), which works whatever the
-host name resolves to.
+one host (all ranks here, or torchrun nodes meeting at a loopback endpoint) run gloo over the
+loopback interface (``GLOO_SOCKET_IFNAME``), which works whatever the host name resolves to.
 """
 
 from __future__ import annotations

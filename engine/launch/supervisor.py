@@ -1,19 +1,23 @@
-"""Start the ranks of one host, watch them, and stop them all: no rank outlives the launch.
+"""Start a launch's processes, watch them and the ranks' heartbeats, and stop them all: nothing
+outlives the launch.
 
-Each rank is ``python -m engine.launch.worker`` in its own session (so a terminal's Ctrl-C
-reaches only the launcher, which then stops the ranks in order), with its output in
-``rank<i>.log``. The launcher polls them and ends the launch when
+:class:`Supervisor` is the watch shared by both ways to run; :class:`RankSupervisor` starts the
+ranks of one host itself (the default), :class:`engine.launch.torchrun_node.AgentSupervisor`
+starts one node's torchrun agent, whose ranks register in the run folder. Every process this
+launcher starts runs in its own session (so a terminal's Ctrl-C reaches only the launcher, which
+then stops everything in order). The launch ends when
 
-* every rank exited 0 (exit status 0);
-* a rank died or raised (status 1): the failed rank is the one found dead first (one killed by
-  a signal before one that exited with an error, as peers of a dead rank fail in turn);
+* the started processes ended: every rank exited 0 (exit status 0), or a rank died or raised
+  (status 1; the failed rank is the one found dead first, one killed by a signal before one that
+  exited with an error, as peers of a dead rank fail in turn);
 * no stepping rank rewrote its heartbeat for ``hang_timeout`` seconds (status 1): a collective
-  hangs, the suspect is the rank with the oldest heartbeat;
+  hangs, the suspect is the rank with the oldest heartbeat; every live rank first writes its
+  Python stacks into its log (SIGUSR1);
 * ``timeout`` seconds passed (status 124), or SIGINT / SIGTERM / SIGHUP arrived (130 / 143 / 129).
 
-Then every rank's process group gets SIGTERM (and SIGCONT, for stopped ones), SIGKILL after a
-grace period, and is reaped. Ranks also die with the launcher if it is killed outright
-(``PR_SET_PDEATHSIG``, see :mod:`.worker`).
+Then every started process's group and every registered rank's group gets SIGTERM (and SIGCONT,
+for stopped ones), SIGKILL after a grace period, and is reaped. Ranks also die with their parent
+if it is killed outright (``PR_SET_PDEATHSIG``, see :mod:`.parent_death`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ EXIT_OK, EXIT_RANK_FAILED, EXIT_TIMEOUT = 0, 1, 124
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 STACK_DUMP_WAIT_S = 1.0
 GRACE_S = 2.0
+GONE_WAIT_S = 5.0
 PROC_STATES = {"R": "running", "S": "sleeping", "D": "disk-wait", "T": "stopped", "t": "traced", "Z": "zombie"}
 
 
@@ -45,6 +50,11 @@ def process_state(pid: int) -> str | None:
         return None
     code = text[text.rindex(")") + 2:].split()[0]
     return PROC_STATES.get(code, code)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie)."""
+    return process_state(pid) not in (None, "zombie")
 
 
 def describe_exit(code: int) -> str:
@@ -87,14 +97,19 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, job: Job, out: Path, run_dir: Path, env: dict[str, str], timeout: float, poll_s: float = 0.05):
-        self.job, self.out, self.run_dir, self.env = job, out, run_dir, env
-        self.timeout, self.poll_s = timeout, poll_s
+    """The watch over one launch: ``timeout`` for all of it, ``hang_timeout`` per stepping rank.
+
+    Subclasses start the processes (:meth:`_start`, appending to ``procs``), say when they
+    ended (:meth:`_ended`), which ranks are alive (:meth:`_rank_pids`) and how the ranks stood
+    at the end (:meth:`_rank_states`, then :meth:`_settle` once everything is reaped)."""
+
+    def __init__(self, run_dir: Path, timeout: float, hang_timeout: float, poll_s: float = 0.05):
+        self.run_dir, self.timeout, self.hang_timeout, self.poll_s = run_dir, timeout, hang_timeout, poll_s
         self.procs: list[subprocess.Popen] = []
         self._signal: int | None = None
 
     def run(self) -> Outcome:
-        """Start the ranks and watch them until the launch ends; nothing of it runs afterwards."""
+        """Start the processes and watch them until the launch ends; nothing of it runs afterwards."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in EXIT_SIGNAL}
         started = time.monotonic()
         outcome = None
@@ -106,14 +121,106 @@ class Supervisor:
                     time.sleep(self.poll_s)
             return outcome
         finally:
-            ranks = self._stop_all()
+            states = self._rank_states()
+            self._stop_all()
+            self._settle(states)
             if outcome is not None:
-                outcome.ranks = ranks
+                outcome.ranks = states
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _ended(self) -> Outcome | None:
+        """The outcome once the started processes ended (or one failed), else None."""
+        raise NotImplementedError
+
+    def _rank_pids(self) -> dict[int, int]:
+        """The live ranks: rank -> pid."""
+        raise NotImplementedError
+
+    def _rank_states(self) -> list[RankState]:
+        """Each rank as the launch ends (before anything is stopped)."""
+        raise NotImplementedError
+
+    def _settle(self, states: list[RankState]) -> None:
+        """Complete ``states`` once every process is stopped and reaped (default: nothing to add)."""
+
+    def _check(self, elapsed: float) -> Outcome | None:
+        if self._signal is not None:
+            name = signal.Signals(self._signal).name
+            return Outcome(EXIT_SIGNAL[self._signal], f"interrupted by {name}", None)
+        ended = self._ended()
+        if ended is not None:
+            return ended
+        if elapsed > self.timeout:
+            return Outcome(EXIT_TIMEOUT, f"timed out after {self.timeout:g} s (--timeout)", None)
+        return self._watchdog()
+
+    def _watchdog(self) -> Outcome | None:
+        beats = {r: heartbeat.read(self.run_dir, r) for r in self._rank_pids()}
+        stalled = {r: hb for r, hb in beats.items() if hb is not None and hb.stepping and hb.age_s > self.hang_timeout}
+        if not stalled:
+            return None
+        rank = max(stalled, key=lambda r: stalled[r].age_s)
+        self._dump_stacks()
+        return Outcome(EXIT_RANK_FAILED, f"hang: rank {rank} made no progress for {stalled[rank].age_s:.0f} s "
+                       f"(last phase {stalled[rank].phase!r}; --hang-timeout {self.hang_timeout:g} s)", rank)
+
+    def _dump_stacks(self) -> None:
+        """Ask every live rank to write its Python stacks into its log (SIGUSR1, see the worker),
+        so a hang's report shows where each rank waits."""
+        for pid in self._rank_pids().values():
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(STACK_DUMP_WAIT_S)
+
+    def _stop_all(self) -> None:
+        """SIGTERM (+SIGCONT) every group, SIGKILL after the grace period, reap the started
+        processes and wait (briefly) for the registered ranks, which are not ours to reap."""
+        leaders = {p.pid for p in self.procs} | {pid for pid in self._rank_pids().values() if self._leads_own_group(pid)}
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            self._signal_groups(leaders, sig)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and (any(p.poll() is None for p in self.procs) or any(map(alive, leaders))):
+            time.sleep(0.02)
+        self._signal_groups(leaders, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+        deadline = time.monotonic() + GONE_WAIT_S
+        while time.monotonic() < deadline and any(map(alive, leaders)):
+            time.sleep(0.02)
+
+    @staticmethod
+    def _leads_own_group(pid: int) -> bool:
+        """A rank in its own process group (never this launcher's own group)."""
+        try:
+            return os.getpgid(pid) == pid != os.getpgrp()
+        except ProcessLookupError:
+            return False
+
+    @staticmethod
+    def _signal_groups(leaders: set[int], sig: int) -> None:
+        # Every group, exited leaders included: a rank's children may outlive it.
+        for pid in leaders:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class RankSupervisor(Supervisor):
+    """The ranks of one host, each ``python -m engine.launch.worker`` with its output in ``rank<i>.log``."""
+
+    def __init__(self, job: Job, out: Path, run_dir: Path, env: dict[str, str], timeout: float, poll_s: float = 0.05):
+        super().__init__(run_dir, timeout, job.hang_timeout, poll_s)
+        self.job, self.out, self.env = job, out, env
 
     def _start(self) -> None:
         for rank in range(self.job.world_size):
@@ -126,10 +233,7 @@ class Supervisor:
             if self._signal is not None:
                 return
 
-    def _check(self, elapsed: float) -> Outcome | None:
-        if self._signal is not None:
-            name = signal.Signals(self._signal).name
-            return Outcome(EXIT_SIGNAL[self._signal], f"interrupted by {name}", None)
+    def _ended(self) -> Outcome | None:
         codes = [p.poll() for p in self.procs]
         dead = [r for r, code in enumerate(codes) if code not in (None, 0)]
         if dead:
@@ -137,52 +241,19 @@ class Supervisor:
             return Outcome(EXIT_RANK_FAILED, f"rank {rank} {describe_exit(codes[rank])}", rank)
         if len(codes) == self.job.world_size and all(code == 0 for code in codes):
             return Outcome(EXIT_OK, None, None)
-        if elapsed > self.timeout:
-            return Outcome(EXIT_TIMEOUT, f"timed out after {self.timeout:g} s (--timeout)", None)
-        return self._watchdog(codes)
+        return None
 
-    def _watchdog(self, codes: list[int | None]) -> Outcome | None:
-        beats = {r: heartbeat.read(self.run_dir, r) for r, code in enumerate(codes) if code is None}
-        stalled = {r: hb for r, hb in beats.items() if hb is not None and hb.stepping and hb.age_s > self.job.hang_timeout}
-        if not stalled:
-            return None
-        rank = max(stalled, key=lambda r: stalled[r].age_s)
-        self._dump_stacks()
-        return Outcome(EXIT_RANK_FAILED, f"hang: rank {rank} made no progress for {stalled[rank].age_s:.0f} s "
-                       f"(last phase {stalled[rank].phase!r}; --hang-timeout {self.job.hang_timeout:g} s)", rank)
+    def _rank_pids(self) -> dict[int, int]:
+        return {rank: p.pid for rank, p in enumerate(self.procs) if p.poll() is None}
 
-    def _dump_stacks(self) -> None:
-        """Ask every live rank to write its Python stacks into its log (SIGUSR1, see the worker),
-        so a hang's report shows where each rank waits."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        time.sleep(STACK_DUMP_WAIT_S)
-
-    def _stop_all(self) -> list[RankState]:
-        """Record each rank's state, then SIGTERM (+SIGCONT), SIGKILL after the grace period, reap."""
+    def _rank_states(self) -> list[RankState]:
         states = []
         for rank, proc in enumerate(self.procs):
             hb = heartbeat.read(self.run_dir, rank)
             states.append(RankState(rank, proc.pid, proc.poll(), proc.returncode is None, process_state(proc.pid),
                                     hb.phase if hb else None, round(hb.age_s, 3) if hb else None))
-        self._signal_groups(signal.SIGTERM)
-        self._signal_groups(signal.SIGCONT)
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
-            time.sleep(0.02)
-        self._signal_groups(signal.SIGKILL)
-        for state, proc in zip(states, self.procs):
-            state.exit_code = proc.wait()
         return states
 
-    def _signal_groups(self, sig: int) -> None:
-        # Every rank's group, exited ranks included: a rank's children may outlive it.
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def _settle(self, states: list[RankState]) -> None:
+        for state, proc in zip(states, self.procs):
+            state.exit_code = proc.returncode

@@ -5,13 +5,13 @@ Started by the launcher (:mod:`engine.launch.supervisor`), with its output going
 group through a file store in the run folder, builds the engine with expert parallelism,
 generates every prompt of ``job.json`` greedily while beating its heartbeat each step, and
 writes ``rank<R>.result.json`` (see :func:`run_rank`). An error ends it with a traceback in
-its log and exit status 1.
+its log and exit status 1. Ranks started by torchrun (:mod:`.torchrun_rank`) run the same
+:func:`join` and :func:`serve`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import faulthandler
 import os
 import signal
@@ -21,21 +21,10 @@ from pathlib import Path
 from typing import Callable
 
 from common.files import to_json, write_text
+
 from . import heartbeat, rank_env
 from .job import Job
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when its parent (the launcher) dies, even by SIGKILL.
-    Exits at once when the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        os._exit(1)
+from .parent_death import die_with_parent
 
 
 def generate(llm, job: Job, on_step: Callable[[int], None]) -> list[dict]:
@@ -68,19 +57,10 @@ def generate(llm, job: Job, on_step: Callable[[int], None]) -> list[dict]:
     return outputs
 
 
-def run_rank(job: Job, rank: int, local_rank: int, init_method: str, beat: Callable[[str], None]) -> dict:
-    """Join the group as ``rank``, build the engine, generate; returns the rank's result:
-    ``rank``, ``world_size``, ``pid``, ``device``, ``backend``, ``env`` (the rank settings in
-    effect, see :mod:`.rank_env`), ``ops`` (kernels.report()), ``native``, ``versions``,
-    ``load_s``, ``generate_s`` and ``outputs`` (per prompt: token ids, text, logprobs, top-2
-    margins, finish reason, ``ttft_s``, ``decode_tok_s``)."""
+def join(job: Job, rank: int, local_rank: int, init_method: str, beat: Callable[[str], None]) -> tuple[str, str]:
+    """Join the job's process group as ``rank``; returns the rank's device and the group's backend."""
     import torch
 
-    import kernels
-    from kernels.versions import probe
-
-    from .. import native
-    from ..llm import LLM
     from ..parallel.distributed import init_distributed
 
     device = job.rank_device(local_rank)
@@ -89,6 +69,21 @@ def run_rank(job: Job, rank: int, local_rank: int, init_method: str, beat: Calla
     beat("joining")
     backend = init_distributed(rank, job.world_size, device, init_method, job.collective_timeout)
     print(f"rank {rank}/{job.world_size}: pid {os.getpid()}, {backend} on {device}", flush=True)
+    return device, backend
+
+
+def serve(job: Job, rank: int, device: str, backend: str, beat: Callable[[str], None]) -> dict:
+    """Build the engine (the group is joined) and generate; returns the rank's result:
+    ``rank``, ``world_size``, ``pid``, ``device``, ``backend``, ``ops`` (kernels.report()),
+    ``native``, ``versions``, ``cuda_graphs`` (the decode batch sizes captured, None when
+    eager), ``load_s``, ``generate_s`` and ``outputs`` (per prompt: token ids, text, logprobs,
+    top-2 margins, finish reason, ``ttft_s``, ``decode_tok_s``)."""
+    import kernels
+    from kernels.versions import probe
+
+    from .. import native
+    from ..llm import LLM
+
     beat("loading")
     started = time.perf_counter()
     llm = LLM(job.model, dtype=job.dtype, device=device, enforce_eager=job.enforce_eager, expert_parallel=True)
@@ -99,9 +94,17 @@ def run_rank(job: Job, rank: int, local_rank: int, init_method: str, beat: Calla
     outputs = generate(llm, job, lambda step: beat(f"step {step}"))
     generate_s = time.perf_counter() - started
     print(f"rank {rank}: done in {generate_s:.2f} s", flush=True)
+    graphs = llm.runner.graphs
     return {"rank": rank, "world_size": job.world_size, "pid": os.getpid(), "device": device, "backend": backend,
             "ops": kernels.report(), "native": native.status(), "versions": probe(),
+            "cuda_graphs": list(graphs.batch_sizes) if graphs is not None else None,
             "load_s": load_s, "generate_s": generate_s, "outputs": outputs}
+
+
+def run_rank(job: Job, rank: int, local_rank: int, init_method: str, beat: Callable[[str], None]) -> dict:
+    """:func:`join`, then :func:`serve`: the rank's result."""
+    device, backend = join(job, rank, local_rank, init_method, beat)
+    return serve(job, rank, device, backend, beat)
 
 
 def result_path(run_dir: Path, rank: int) -> Path:
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher's watchdog asks for stacks on a hang
     env = rank_env.apply(os.environ, rank_env.quirks(single_host=True)["settings"])
     job = Job.load(args.run_dir / "job.json")
+    heartbeat.register(args.run_dir, args.rank)
     result = run_rank(job, args.rank, args.rank, f"file://{args.run_dir / 'store'}",
                       lambda phase: heartbeat.beat(args.run_dir, args.rank, phase))
     write_text(result_path(args.run_dir, args.rank), to_json({**result, "env": env}))
