@@ -52,6 +52,7 @@ An env recipe is a list of fix-up steps, each a mapping with one step kind (and 
       - copy_site_packages: {from: /ref/site-packages, dists: [tilelang], keep_system: [pillow]}
       - copy_site_packages: {image: "vllm/vllm-openai:v0.32.0", from: /usr/local/lib/python3.12/dist-packages}
       - host_header: {header: cuda/std/utility, under: "{cuda_home}/include"}
+      - host_cxx: {candidates: [c++, g++, /usr/bin/g++]}
 
 ``copy_site_packages`` with ``image`` copies from a folder inside another docker image: the host
 exports that folder once (cached by the image's id) and mounts it for the env stage.
@@ -97,6 +98,7 @@ STEP_KINDS = {
     "copy_site_packages": "{from: a site-packages folder, image: optional docker image holding it, dists: optional list, keep_system: optional list}",
     "host_header": "{header: a header such as cuda/std/utility, under: the folder to search ({cuda_home} allowed)}: "
                    "put the folder holding it on the host compiler's include path (CPLUS_INCLUDE_PATH) for later stages",
+    "host_cxx": "{candidates: [compiler names or paths]}: build with the first whose libstdc++ is the one Python loads (CXX, CC)",
 }
 
 
@@ -345,6 +347,10 @@ def _step_params(kind: str, value: Any, at: At) -> Any:
         params = mapping(value, at, required=("header", "under"))
         return {"header": string(params["header"], at.key("header"), HEADER, "a header path such as 'cuda/std/utility'"),
                 "under": string(params["under"], at.key("under"), r"(/|\{cuda_home\}/?)\S*", "an absolute folder or one starting with {cuda_home}")}
+    if kind == "host_cxx":
+        params = mapping(value, at, required=("candidates",))
+        return {"candidates": string_list(params["candidates"], at.key("candidates"), r"[A-Za-z0-9_.+/-]+",
+                                          "a compiler name on PATH or an absolute path", allow_empty=False)}
     params = mapping(value, at, required=("from",), optional=("image", "dists", "keep_system"))
     dists = params.get("dists")
     result = {"from": string(params["from"], at.key("from"), ABSOLUTE, "an absolute site-packages folder"),

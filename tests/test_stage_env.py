@@ -296,3 +296,44 @@ def test_env_stage_fails_when_the_image_does_not_match_its_pins(tmp_path):
     assert proc.returncode == 1
     assert record["status"] == "failed" and record["expect"]["torch"]["ok"] is False
     assert f"the matrix expects torch 0.0.1, the image has {torch.__version__}" in record["problems"]
+
+
+def _compiler(folder: Path, name: str, runtime: str) -> None:
+    """A compiler on PATH that answers ``-print-file-name=libstdc++.so`` with ``runtime``."""
+    path = folder / name
+    path.write_text(f'#!/bin/sh\n[ "$1" = "-print-file-name=libstdc++.so" ] && echo "{runtime}" && exit 0\nexit 1\n')
+    path.chmod(0o755)
+
+
+def test_host_cxx_prefers_the_compiler_of_the_runtime_python_loads(tmp_path, monkeypatch):
+    """A wrapper toolchain first on PATH links another libstdc++ (a CUDA host's /opt/gcc did, and
+    DeepGEMM built with it crashed): CXX/CC then name the first compiler of the loaded runtime."""
+    from bringup.stages.env_steps import LOADED_CXX_RUNTIME, host_cxx
+
+    loaded = subprocess.run([sys.executable, "-c", LOADED_CXX_RUNTIME], capture_output=True, text=True).stdout.strip()
+    if not loaded:
+        pytest.skip("this Python loads no libstdc++ with torch")
+    other = tmp_path / "other-libstdc++.so"
+    other.write_text("")
+    wrapper, system = tmp_path / "wrapper", tmp_path / "system"
+    wrapper.mkdir()
+    system.mkdir()
+    _compiler(wrapper, "c++", str(other))
+    _compiler(wrapper, "g++", str(other))
+    _compiler(system, "g++", loaded)
+    _compiler(system, "gcc", loaded)
+    monkeypatch.setenv("PATH", f"{wrapper}{os.pathsep}{system}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CXX", str(wrapper / "g++"))  # the host names the wrapper as its compiler
+    ctx = context()
+    status, detail = host_cxx({"candidates": ["g++"]}, ctx)
+    assert status == APPLIED and ctx.exports == {"CXX": str(system / "g++"), "CC": str(system / "gcc")}
+    assert f"{wrapper / 'g++'}: {other}" in detail and loaded in detail
+    # The default compiler already links the loaded runtime: nothing to do.
+    monkeypatch.setenv("CXX", str(system / "g++"))
+    ctx = context()
+    assert host_cxx({"candidates": ["g++"]}, ctx)[0] == UNCHANGED and ctx.exports == {}
+    # No candidate links it: the default stays, and the step says why.
+    monkeypatch.setenv("CXX", str(wrapper / "c++"))
+    monkeypatch.setenv("PATH", str(wrapper))
+    status, detail = host_cxx({"candidates": ["c++", "g++"]}, context())
+    assert status == UNCHANGED and "no candidate links" in detail

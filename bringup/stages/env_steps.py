@@ -285,8 +285,64 @@ def host_header(params: dict[str, str], ctx: EnvContext) -> tuple[str, str]:
     return APPLIED, f"later stages get CPLUS_INCLUDE_PATH += {folder} (it holds <{header}>)"
 
 
+LOADED_CXX_RUNTIME = ("import os, torch\n"
+                      "for line in open('/proc/self/maps'):\n"
+                      "    path = line.split()[-1]\n"
+                      "    if os.path.basename(path).startswith('libstdc++.so'):\n"
+                      "        print(os.path.realpath(path)); break\n")
+
+
+def host_cxx(params: dict[str, list[str]], ctx: EnvContext) -> tuple[str, str]:
+    """Build C++ extensions with a compiler whose C++ runtime is the one the image's Python loads
+    (with torch imported). A compiler that links another libstdc++ (a wrapper toolchain, first on
+    PATH or named by CXX) makes extensions that crash at run time where both runtimes meet (seen:
+    DeepGEMM's ``std::ostream`` use). When the default compiler (``$CXX``, else ``c++``) is not
+    such a one, the first of ``candidates`` (names looked up along PATH, or paths) that is, is
+    exported as CXX (and CC: its ``gcc``/``cc`` sibling) for the later stages."""
+    proc = subprocess.run([ctx.python, "-c", LOADED_CXX_RUNTIME], capture_output=True, text=True)
+    loaded = proc.stdout.strip()
+    if proc.returncode != 0 or not loaded:
+        return UNCHANGED, "no C++ runtime loaded by this Python with torch: nothing to match"
+    default = os.environ.get("CXX") or shutil.which("c++")
+    if default and _compiler_runtime(default) == loaded:
+        return UNCHANGED, f"{default} links {loaded}, the runtime Python loads"
+    verdicts = [f"{default}: {_compiler_runtime(default) or 'no libstdc++.so'}"] if default else []
+    for compiler in [c for name in params["candidates"] for c in _on_path(name)]:
+        runtime = _compiler_runtime(compiler)
+        verdicts.append(f"{compiler}: {runtime or 'no libstdc++.so'}")
+        if runtime == loaded:
+            ctx.exports["CXX"] = compiler
+            sibling = Path(compiler).with_name(Path(compiler).name.replace("g++", "gcc").replace("c++", "cc"))
+            if sibling != Path(compiler) and os.access(sibling, os.X_OK):
+                ctx.exports["CC"] = str(sibling)
+            return APPLIED, f"later stages build with CXX={compiler}: it links {loaded}, the runtime Python loads ({'; '.join(verdicts)})"
+    return UNCHANGED, f"no candidate links {loaded} ({'; '.join(verdicts) or 'none on PATH'}): builds keep the default compiler"
+
+
+def _on_path(name: str) -> list[str]:
+    """Every executable ``name`` on PATH, in order (``name`` itself when it is a path)."""
+    if os.sep in name:
+        return [name] if os.access(name, os.X_OK) else []
+    found = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder, name)
+        if folder and os.access(candidate, os.X_OK) and candidate not in found:
+            found.append(candidate)
+    return found
+
+
+def _compiler_runtime(compiler: str) -> str | None:
+    """The real path of the libstdc++ shared library ``compiler`` links, or None."""
+    try:
+        proc = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = proc.stdout.strip()
+    return os.path.realpath(path) if proc.returncode == 0 and os.path.isabs(path) and os.path.exists(path) else None
+
+
 STEPS: dict[str, Callable[[Any, EnvContext], tuple[str, str]]] = {
     "apt": apt, "venv": venv, "cuda_headers": cuda_headers, "nccl_pin": nccl_pin,
     "python_symlink": python_symlink, "ld_library_path": ld_library_path, "copy_site_packages": copy_site_packages,
-    "host_header": host_header,
+    "host_header": host_header, "host_cxx": host_cxx,
 }
