@@ -27,7 +27,7 @@ def _exit(code: int) -> None:
 
 
 def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: float,
-              world_size: int = 0) -> None:
+              world_size: int = 0, model: str = "", prompts: str = "", answer_key: str = "") -> None:
     from bringup.cli import main
 
     argv = [command, "--image", image, "--matrix", matrix, "--artifacts", artifacts]
@@ -35,6 +35,8 @@ def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool
     argv += ["--keep"] if keep else []
     argv += ["--timeout", str(timeout)] if timeout else []
     argv += ["--world-size", str(world_size)] if world_size else []
+    for flag, value in (("--model", model), ("--prompts", prompts), ("--answer-key", answer_key)):
+        argv += [flag, value] if value else []
     _exit(main(argv))
 
 
@@ -66,20 +68,30 @@ def verify(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=
     _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
 
 
-E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)"}
+E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)",
+            "model": "checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)",
+            "prompts": "prompt file: .json, .jsonl or one prompt per line (default: the matrix's, else the answer key's)",
+            "answer_key": "answer key to score with (default: the matrix's, else the model's answer_key.json, if any)"}
 
 
 @task(help=E2E_HELP)
-def e2e(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0, world_size=0):
-    """e2e stage: N ranks generate the tiny checkpoint's answer key; report tokens per rank and answers."""
-    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size)
+def e2e(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0, world_size=0,
+        model="", prompts="", answer_key=""):
+    """e2e stage: N ranks generate for the prompts (default: the tiny checkpoint's answer key); tokens per rank and answers."""
+    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
+
+
+@task(help=STAGE_HELP)
+def peer(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0):
+    """peer stage: vLLM on the e2e stage's model and prompts, compared with our engine's tokens (matrix: peer)."""
+    _pipeline("peer", image, matrix, artifacts, force, keep, timeout)
 
 
 @task(name="all", help=E2E_HELP)
 def all_stages(c, image="local", matrix="matrix.yaml", artifacts="artifacts", force=False, keep=False, timeout=0.0,
-               world_size=0):
-    """env -> build -> verify -> ab (with its dump) -> e2e for one image."""
-    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size)
+               world_size=0, model="", prompts="", answer_key=""):
+    """env -> build -> verify -> ab (with its dump) -> e2e (-> peer, for an image with one) for one image."""
+    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
 
 
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",

@@ -6,6 +6,8 @@ Stdlib only: the in-image side of every stage imports this with nothing but the 
     artifacts/<image>/build.json                 build stage (+ logs/build-<target>.log)
     artifacts/<image>/verify.json                verify stage
     artifacts/<image>/ab/results.json            ab stage (+ ab/manifest.json, ab/*.safetensors)
+    artifacts/<image>/e2e/report.json            e2e stage (+ e2e/tokens.jsonl, e2e/rank<i>.log)
+    artifacts/<image>/peer/report.json           peer stage (+ peer/<case>/<run>/tokens.jsonl, see bringup.peer)
     artifacts/<image>/logs/<stage>.log           each stage's output
     artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
 
@@ -24,7 +26,7 @@ from typing import Any
 SCHEMA = 1
 PASSED, FAILED, CACHED = "passed", "failed", "cached"
 RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
-                "e2e": "e2e/report.json"}
+                "e2e": "e2e/report.json", "peer": "peer/report.json"}
 
 
 def utc_now() -> str:

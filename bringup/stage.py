@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .artifacts import FAILED, PASSED, RECORD_FILES, header, utc_now, write_json
 
-STAGES = ("env", "build", "verify", "ab", "e2e")
+STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
 
 
 def main(argv: list[str] | None = None) -> int:

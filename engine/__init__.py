@@ -3,9 +3,21 @@
     from engine import LLM, SamplingParams
     llm = LLM("path/to/checkpoint", dtype="float32", device="cpu")
     out = llm.generate(["Hello"], SamplingParams(max_tokens=16))
+
+``LLM`` and ``SamplingParams`` are imported on first use, so the torch-free parts (the answer
+key, prompt files, checkpoint files) can be imported by the pipeline without torch.
 """
 
-from .llm import LLM
-from .sampling_params import SamplingParams
-
 __all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from .llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from .sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -97,3 +97,12 @@ def print_summary(result: DiffResult) -> None:
         fallbacks = result.fallbacks.get(col.label)
         table.add_row(col.label, n_versions, kernel_cell, token_cell, "-" if fallbacks is None else str(len(fallbacks)))
     Console(width=160).print(table)
+    if result.peers:
+        peers = Table(title="our engine against the peer engine (within each image)")
+        for col in ("image", "case / peer run", "counts", "tokens (same/near-tie/real)", "max logprob delta"):
+            peers.add_column(col)
+        for p in result.peers:
+            cell = p.failure or f"{p.count(IDENTICAL)}/{p.count(NEAR_TIE)}/" + (f"[bold red]{p.count(REAL)}[/]" if p.count(REAL) and p.counts else str(p.count(REAL)))
+            delta = p.max_delta()
+            peers.add_row(p.column, f"{p.case} / {p.run}", "yes" if p.counts else "no", cell, "-" if delta is None else f"{delta:.2e}")
+        Console(width=160).print(peers)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .. import e2e_report
 from ..tiny import CHECKPOINT_DIR
+from ..tiny import answer_key
 from ..tiny.answer_key import AnswerKeyError
 from . import rank_env
 from .job import Job
@@ -40,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, help="number of ranks (default: the GPUs, or 8 on CPU)")
     parser.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
     parser.add_argument("--prompts", type=Path, help="prompt file (default: the prompts of the model's answer_key.json)")
+    parser.add_argument("--answer-key", type=Path, help="answer key to score with (default: the model's answer_key.json, if any)")
     parser.add_argument("--max-prompts", type=int, help="only the first N prompts (default: all)")
     parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the answer key's, else 32)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when torch sees a GPU")
@@ -65,7 +67,7 @@ def resolve_job(args: argparse.Namespace, world_size: int | None):
     if not (Path(args.model) / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (expected a checkpoint directory)")
     try:
-        key = model_answer_key(args.model)
+        key = answer_key.load(args.answer_key) if args.answer_key is not None else model_answer_key(args.model)
         if args.prompts is not None:
             prompts = load_prompts(args.prompts)
         elif key is not None:
