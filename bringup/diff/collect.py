@@ -201,7 +201,7 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
     result.missing, result.not_run = _missing(result.columns)
     steps = [(section, col) for section in (_versions, _stages, _builds, _fallbacks) for col in result.columns]
     steps += [(section, col) for section in (_kernels, _tokens) for col in result.compared]
-    steps += [(_peers, col) for col in {c.artifacts.name: c for c in result.columns}.values()]
+    steps += [(_peers, col) for col in _first_of_each_image(result.columns)]
     for section, col in steps:
         try:
             section(result, col)
@@ -209,6 +209,14 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
             result.problems.append(str(exc))
     result.problems = list(dict.fromkeys(result.problems))
     return result
+
+
+def _first_of_each_image(columns: list[Column]) -> list[Column]:
+    """Each image once (its first listing), for what compares an image with itself."""
+    first: dict[str, Column] = {}
+    for col in columns:
+        first.setdefault(col.artifacts.name, col)
+    return list(first.values())
 
 
 def _missing(columns: list[Column]) -> tuple[list[Missing], list[str]]:
