@@ -10,7 +10,8 @@ The peer stage (:mod:`bringup.stages.peer`, inside the image, after e2e) runs on
 
 Per case, vLLM runs with the settings of :mod:`.settings` (each one recorded with its reason),
 and with ``peer.also_defaults`` once more without the correctness workarounds, to show what
-they fix. ``python -m bringup.peer.vllm_run`` runs vLLM in a process of its own.
+they fix (the e2e case only: on random weights every margin is a fraction of a logit, so a
+wrong token cannot be told from a rounding flip there). ``python -m bringup.peer.vllm_run`` runs vLLM in a process of its own.
 
 Files under ``artifacts/<image>/peer/``:
 

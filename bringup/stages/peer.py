@@ -54,7 +54,9 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
         config = json.loads((Path(case["model"]) / "config.json").read_text(encoding="utf-8"))
         every = peer_settings.settings(config, device, case["dtype"])
         variants = [peer_settings.WORKAROUNDS]
-        if peer.get("also_defaults") and any(s.workaround for s in every):
+        # The defaults run shows what the workarounds fix where answers are known: the e2e model.
+        # On random weights (mla) margins are a fraction of a logit, so any garbage reads near-tie.
+        if peer.get("also_defaults") and case["name"] == "e2e" and any(s.workaround for s in every):
             variants.append(peer_settings.DEFAULTS)
         case["runs"] = [_vllm_run(case, peer_settings.for_variant(every, v), v, prompts, folder, out, margin, problems)
                         for v in variants]
