@@ -93,7 +93,7 @@ class PeerComparison:
     (peer/report.json: a case and one of its runs). ``counts``: the run's divergences count
     against the image (the ``defaults`` run only shows what the workarounds fix). ``deltas``:
     per prompt, the largest ``|logprob engine - logprob peer|`` over the common prefix (None
-    without logprobs). ``failure``: why the run has no tokens."""
+    without logprobs, or when the first tokens differ). ``failure``: why the run has no tokens."""
 
     column: str
     case: str
@@ -360,4 +360,4 @@ def _peers(result: DiffResult, col: Column) -> None:
                     result.problems.append(f"{col.label}: peer {comparison.case}/{comparison.run}: prompt {row.prompt_index}: {row.detail}")
                     continue
                 deltas = logprob_deltas(engine[row.prompt_index], peer[row.prompt_index])
-                comparison.deltas[row.prompt_index] = max(deltas, default=0.0) if deltas is not None else None
+                comparison.deltas[row.prompt_index] = max(deltas) if deltas else None  # None: no logprobs or no common prefix

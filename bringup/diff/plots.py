@@ -105,13 +105,13 @@ def peer_agreement(result: DiffResult, folder: Path) -> str | None:
         offset = (i - (len(plotted) - 1) / 2) * 0.8 / max(1, len(plotted))
         for row in p.rows:
             delta = p.deltas.get(row.prompt_index)
-            y = max(delta if delta is not None else math.nan, DELTA_FLOOR)
+            y = max(delta or 0.0, DELTA_FLOOR)
             ax.scatter([prompts.index(row.prompt_index) + offset], [y], marker=markers[i % len(markers)],
                        color=STATUS_STYLE[row.status][1], s=45, zorder=3)
     ax.set_yscale("log")
     ax.set_xticks(range(len(prompts)), [str(x) for x in prompts])
     ax.set_xlabel("prompt")
-    ax.set_ylabel(f"max |logprob delta| (0 drawn at {DELTA_FLOOR:g})")
+    ax.set_ylabel(f"max |logprob delta|\n(0 or no common prefix: at {DELTA_FLOOR:g})")
     ax.set_title("our engine vs the peer engine, per image / case / run")
     handles = [Line2D([], [], linestyle="", marker=markers[i % len(markers)], color="black",
                       label=f"{p.column} {p.case}/{p.run}") for i, p in enumerate(plotted)]

@@ -130,7 +130,7 @@ def _peer_blocks(result: DiffResult, figure: str | None) -> list[Block]:
                      _delta(p.max_delta()), str(p.meta.get("load_s", ABSENT)), str(p.meta.get("tokens_per_s", ABSENT)),
                      str(p.meta.get("vllm") or ABSENT)])
     blocks.append(Table(["image", "case", "peer run", "counts", "dtype", "identical/near-tie/real", "max logprob delta",
-                         "peer load s", "peer tok/s", "peer version"], rows))
+                         "peer load s", "peer tok/s (first batch)", "peer version"], rows))
     for p in result.peers:
         blocks.append(Heading(3, f"{p.column}: {p.case} / {p.run}"))
         blocks.append(Paragraph(f"Model {p.meta.get('model')}, {p.meta.get('dtype')}, up to {p.meta.get('max_tokens')} "
