@@ -19,7 +19,7 @@ from .inputs import (AB_MANIFEST, AB_RESULTS, BUILD, E2E_REPORT, E2E_TOKENS, ENV
                      ImageArtifacts, Missing, UnusableInput)
 from .tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, logprob_deltas, read_generations
 
-STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT)
+STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT)
 
 
 @dataclass(frozen=True)

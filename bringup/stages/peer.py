@@ -2,7 +2,7 @@
 :mod:`bringup.peer` for the cases and the files).
 
 Writes ``peer/report.json``: the stage header, ``engine`` (``vllm``), ``device``, ``near_tie_margin``,
-``cases`` (per case: ``name``, ``model``, ``dtype``, ``prompts``, ``max_tokens``, ``reference``
+``cases`` (per case: ``name``, ``model``, ``dtype``, ``prompts`` (the texts), ``max_tokens``, ``reference``
 (our engine's tokens file, relative to the image's artifacts), ``runs``) and ``problems``. Each run
 (``name``, ``variant``, ``counts``: whether its divergences count against the image, ``settings``
 with their reasons, ``tokens``, ``exit_code``, ``vllm``, ``packages``, ``load_s``, ``generate_s``,
@@ -30,6 +30,8 @@ from .common import probe_versions, run_tee
 
 E2E_REPORT, E2E_TOKENS = "e2e/report.json", "e2e/tokens.jsonl"
 MLA_DTYPE = "bfloat16"
+MLA_PROMPTS = 12  # the tiny key's first prompts: short, and text the byte vocabulary encodes
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -45,12 +47,17 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
     device = e2e["device"]
     prompts = [p["prompt"] for p in e2e["prompts"]]
     cases = [{"name": "e2e", "model": e2e["model"], "dtype": "bfloat16" if device == "cuda" else "float32",
-              "prompts": len(prompts), "max_tokens": e2e["max_tokens"], "reference": E2E_TOKENS}]
+              "prompts": prompts, "max_tokens": e2e["max_tokens"], "reference": E2E_TOKENS}]
     problems: list[str] = []
     if peer.get("mla_case"):
-        mla = _mla_case(folder / "mla", prompts, e2e["max_tokens"], device, spec["image"], problems)
+        mla = _mla_case(folder / "mla", device, spec["image"], problems)
         cases += [mla] if mla else []
     for case in cases:
+        case["runs"] = []
+        if not any((Path(case["model"]) / name).is_file() for name in TOKENIZER_FILES):
+            problems.append(f"{case['name']}: {case['model']} has no {' or '.join(TOKENIZER_FILES)}, so vLLM cannot tokenize "
+                            "the text prompts (a byte-level checkpoint gets one from engine.tiny.portable.make_portable)")
+            continue
         config = json.loads((Path(case["model"]) / "config.json").read_text(encoding="utf-8"))
         every = peer_settings.settings(config, device, case["dtype"])
         variants = [peer_settings.WORKAROUNDS]
@@ -58,7 +65,7 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
         # On random weights (mla) margins are a fraction of a logit, so any garbage reads near-tie.
         if peer.get("also_defaults") and case["name"] == "e2e" and any(s.workaround for s in every):
             variants.append(peer_settings.DEFAULTS)
-        case["runs"] = [_vllm_run(case, peer_settings.for_variant(every, v), v, prompts, folder, out, margin, problems)
+        case["runs"] = [_vllm_run(case, peer_settings.for_variant(every, v), v, folder, out, margin, problems)
                         for v in variants]
     body = {"engine": peer.get("engine"), "device": device, "near_tie_margin": margin, "cases": cases, "problems": problems}
     for problem in problems:
@@ -77,8 +84,13 @@ def _missing(peer: dict, e2e: dict | None, out: Path, image: str) -> str | None:
     return None
 
 
-def _mla_case(folder: Path, prompts: list[str], max_tokens: int, device: str, image: str, problems: list[str]) -> dict | None:
-    """Write the MLA-sizes checkpoint and run our engine on it (one rank); the case, or None."""
+def _mla_case(folder: Path, device: str, image: str, problems: list[str]) -> dict | None:
+    """Write the MLA-sizes checkpoint and run our engine on it (one rank) for the tiny key's
+    first prompts; the case, or None."""
+    from engine.tiny import answer_key
+
+    key = answer_key.default()
+    prompts, max_tokens = key.prompts[:MLA_PROMPTS], key.max_tokens
     checkpoint, prompt_file, engine_out = folder / "checkpoint", folder / "prompts.json", folder / "engine"
     log = folder / "engine.log"
     code = run_tee([sys.executable, "-m", "engine.tiny.random_checkpoint", "--out", str(checkpoint)], log)
@@ -92,18 +104,19 @@ def _mla_case(folder: Path, prompts: list[str], max_tokens: int, device: str, im
     if code != 0 or not (engine_out / "tokens.jsonl").is_file():
         problems.append(f"mla case: our engine failed (exit {code}; log {log})")
         return None
-    return {"name": "mla", "model": str(checkpoint), "dtype": MLA_DTYPE, "prompts": len(prompts), "max_tokens": max_tokens,
+    return {"name": "mla", "model": str(checkpoint), "dtype": MLA_DTYPE, "prompts": prompts, "max_tokens": max_tokens,
             "reference": str((engine_out / "tokens.jsonl").relative_to(folder.parent.parent)),
             "engine_report": str((engine_out / "report.json").relative_to(folder.parent.parent))}
 
 
-def _vllm_run(case: dict, applied: list, variant: str, prompts: list[str], folder: Path, out: Path, margin: float,
+def _vllm_run(case: dict, applied: list, variant: str, folder: Path, out: Path, margin: float,
               problems: list[str]) -> dict[str, Any]:
     """One vLLM run of ``case`` with the ``applied`` settings (of ``variant``), compared with the
     case's reference tokens."""
     name = "vllm" if variant == peer_settings.WORKAROUNDS else f"vllm-{variant}"
     run_dir = folder / case["name"] / name
     counts = variant == peer_settings.WORKAROUNDS
+    prompts = case["prompts"]
     request = {"case": case["name"], "variant": variant, "model": case["model"], "prompts": prompts,
                "max_tokens": case["max_tokens"], "settings": [s.as_json() for s in applied],
                "llm_kwargs": peer_settings.llm_kwargs(applied), "out": str(run_dir)}
