@@ -81,8 +81,10 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
         inputs["world_size"] = world_size
     if stage == "peer":
         inputs["e2e"] = upstream.get("e2e")
+        inputs["peer"] = image.peer
     if stage in ("e2e", "peer"):
-        inputs["model_files"] = {k: file_identity(getattr(image, k)) for k in MODEL_FIELDS if getattr(image, k) is not None}
+        given = {k: getattr(image, k) for k in MODEL_FIELDS if getattr(image, k) is not None}
+        inputs["model_files"] = {k: [str(path), file_identity(path)] for k, path in given.items()}
     inputs["sources"] = hash_files(REPO, SOURCES[stage])
     return inputs
 

@@ -99,13 +99,12 @@ class Image:
     peer: dict[str, Any] | None = None  # the peer stage's settings (None: no peer stage)
 
     def entry(self) -> dict[str, Any]:
-        """The resolved entry as JSON (part of every stage's cache key)."""
+        """The resolved entry as JSON (part of every stage's cache key; the model inputs and the
+        peer settings are part of the e2e and peer stages' keys only, see bringup.inputs)."""
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
-                "e2e_prompts": self.e2e_prompts, "python": self.python,
-                **{k: str(getattr(self, k)) for k in MODEL_FIELDS if getattr(self, k) is not None},
-                **({"peer": self.peer} if self.peer else {})}
+                "e2e_prompts": self.e2e_prompts, "python": self.python}
 
 
 @dataclass(frozen=True)

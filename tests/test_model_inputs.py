@@ -46,9 +46,10 @@ def test_matrix_fields_resolve_from_the_matrix_folder(tmp_path, model_dir):
     image = matrix.image("local")
     assert (image.model, image.prompts, image.answer_key) == (model_dir, tmp_path / "prompts.jsonl", tmp_path / "key.json")
     assert image.peer == {"engine": "vllm", "also_defaults": False, "mla_case": True}
-    assert image.entry()["prompts"] == str(tmp_path / "prompts.jsonl") and image.entry()["peer"]["mla_case"] is True
     plain = load_matrix(write_matrix(tmp_path)).image("local")
-    assert plain.model is None and plain.peer is None and "model" not in plain.entry() and "peer" not in plain.entry()
+    assert plain.model is None and plain.peer is None
+    # Only the e2e and peer stages depend on them: the env..ab stages keep their cache.
+    assert image.entry() == {**plain.entry()}
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -109,3 +110,21 @@ def test_e2e_runs_the_users_model_and_scores_only_with_a_key(tmp_path, model_dir
     keyed = json.loads((tmp_path / "b" / "local" / "e2e" / "report.json").read_text())
     assert (keyed["answers"]["scored"], keyed["answers"]["correct"]) == (2, 1 if keyed["prompts"][0]["answer_ok"] else 0)
     assert keyed["prompts"][1]["answer_ok"] is None and keyed["prompts"][2]["answer_ok"] is False
+
+
+def test_only_the_e2e_and_peer_stages_depend_on_the_model_inputs(tmp_path, model_dir):
+    from bringup.inputs import inputs_hash, stage_inputs
+
+    prompts = tmp_path / "prompts.txt"
+
+    def hashes(text: str, peer: dict | None = None) -> dict[str, str]:
+        prompts.write_text(text)
+        matrix = load_matrix(write_matrix(tmp_path, model=str(model_dir), prompts="prompts.txt", peer=peer))
+        image = matrix.image("local")
+        return {s: inputs_hash(stage_inputs(s, image, matrix, {"host": "x"}, {"env": "e", "build": "b", "e2e": "p"}))
+                for s in ("env", "build", "verify", "ab", "e2e", "peer")}
+
+    first, edited = hashes("Q: one?\n"), hashes("Q: two?\n")
+    assert [s for s in first if first[s] != edited[s]] == ["e2e", "peer"]
+    with_peer = hashes("Q: two?\n", {"engine": "vllm", "mla_case": True})
+    assert [s for s in first if with_peer[s] != edited[s]] == ["peer"]
