@@ -3,7 +3,8 @@
 
 Writes ``peer/report.json``: the stage header, ``engine`` (``vllm``), ``device``, ``near_tie_margin``,
 ``cases`` (per case: ``name``, ``model``, ``dtype``, ``prompts`` (the texts), ``max_tokens``, ``reference``
-(our engine's tokens file, relative to the image's artifacts), ``runs``) and ``problems``. Each run
+(our engine's tokens file, relative to the image's artifacts), ``runs``; the mla case also
+``engine_report``, our engine's report on it) and ``problems``. Each run
 (``name``, ``variant``, ``counts``: whether its divergences count against the image, ``settings``
 with their reasons, ``tokens``, ``exit_code``, ``vllm``, ``packages``, ``load_s``, ``generate_s``,
 ``tokens_per_s``, ``prompt_tokens_equal``: prompts vLLM tokenized exactly as our engine,
@@ -149,7 +150,7 @@ def _vllm_run(case: dict, applied: list, variant: str, folder: Path, out: Path, 
 def _agreement(case: dict, run_dir: Path, out: Path, margin: float) -> dict[str, Any]:
     """The run's tokens against the reference's: counts per class, the divergences, and how many
     prompts vLLM tokenized as our engine does."""
-    from ..diff.tokens import compare_generations, read_generations
+    from ..diff.tokens import IDENTICAL, compare_generations, read_generations
 
     rows = compare_generations(read_generations(out / case["reference"]), read_generations(run_dir / "tokens.jsonl"), margin)
     agreement: dict[str, int] = {}
@@ -157,7 +158,7 @@ def _agreement(case: dict, run_dir: Path, out: Path, margin: float) -> dict[str,
         agreement[row.status] = agreement.get(row.status, 0) + 1
     divergences = [{"prompt_index": r.prompt_index, "status": r.status, "position": r.position, "margin": r.margin,
                     "engine_token": r.reference_token, "peer_token": r.token, "detail": r.detail}
-                   for r in rows if r.status != "identical"]
+                   for r in rows if r.status != IDENTICAL]
     return {"agreement": agreement, "divergences": divergences,
             "prompt_tokens_equal": _same_prompt_tokens(case["model"], run_dir / "tokens.jsonl")}
 
