@@ -41,7 +41,7 @@ def _artifacts(artifacts: str) -> str:
 
 
 def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: str | None,
-              world_size: str | None = None) -> None:
+              world_size: str | None = None, model: str = "", prompts: str = "", answer_key: str = "") -> None:
     from bringup.cli import main
 
     argv = [command, "--image", image, "--matrix", _matrix(matrix), "--artifacts", _artifacts(artifacts)]
@@ -49,6 +49,8 @@ def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool
     argv += ["--keep"] if keep else []
     argv += ["--timeout", str(timeout)] if timeout is not None else []
     argv += ["--world-size", str(world_size)] if world_size is not None else []
+    for flag, value in (("--model", model), ("--prompts", prompts), ("--answer-key", answer_key)):
+        argv += [flag, value] if value else []
     _exit(main(argv))
 
 
@@ -80,20 +82,30 @@ def verify(c, image="local", matrix="", artifacts="", force=False, keep=False, t
     _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
 
 
-E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)"}
+E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)",
+            "model": "checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)",
+            "prompts": "prompt file: .json, .jsonl or one prompt per line (default: the matrix's, else the answer key's)",
+            "answer_key": "answer key to score with (default: the matrix's, else the model's answer_key.json, if any)"}
 
 
 @task(help=E2E_HELP)
-def e2e(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, world_size=None):
-    """e2e stage: N ranks generate the tiny checkpoint's answer key; report tokens per rank and answers."""
-    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size)
+def e2e(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, world_size=None,
+        model="", prompts="", answer_key=""):
+    """e2e stage: N ranks generate for the prompts (default: the tiny checkpoint's answer key); tokens per rank and answers."""
+    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
+
+
+@task(help=STAGE_HELP)
+def peer(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
+    """peer stage: vLLM on the e2e stage's model and prompts, compared with our engine's tokens (matrix: peer)."""
+    _pipeline("peer", image, matrix, artifacts, force, keep, timeout)
 
 
 @task(name="all", help=E2E_HELP)
 def all_stages(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None,
-               world_size=None):
-    """env -> build -> verify -> ab (with its dump) -> e2e for one image."""
-    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size)
+               world_size=None, model="", prompts="", answer_key=""):
+    """env -> build -> verify -> ab (with its dump) -> e2e (-> peer, for an image with one) for one image."""
+    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
 
 
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from engine.tiny.portable import make_portable
+
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "bench" / "deepseek-v3-4.6b-random"
 
 CONFIG = dict(
@@ -41,15 +43,20 @@ def hf_model(device: str = "cuda"):
 
 def checkpoint(model_dir: Path, model=None) -> Path:
     """``model_dir`` holding the benchmark checkpoint, saved from ``model`` (or a fresh one) unless
-    a complete one (config.json matching :data:`CONFIG`, safetensors) is already there."""
+    a complete one (config.json matching :data:`CONFIG`, safetensors) is already there; either
+    way loadable anywhere (:func:`engine.tiny.portable.make_portable`: DeepSeek-V3's config keys,
+    a byte-level tokenizer.json)."""
     config_path = model_dir / "config.json"
     if config_path.is_file() and list(model_dir.glob("*.safetensors")):
         saved = json.loads(config_path.read_text())
         if all(saved.get(key) == value for key, value in CONFIG.items() if key != "num_mtp_layers"):
+            if not (model_dir / "tokenizer.json").is_file():
+                make_portable(model_dir)  # made before checkpoints carried their tokenizer
             return model_dir
     model = model if model is not None else hf_model()
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir)
+    make_portable(model_dir)
     return model_dir
 
 

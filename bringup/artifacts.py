@@ -8,6 +8,8 @@ image's Python.
     artifacts/<image>/verify.json                verify stage
     artifacts/<image>/ab/results.json            ab stage (+ ab/manifest.json, ab/*.safetensors: the default
                                                  backend's dump; ab/<backend>/: each other available backend's)
+    artifacts/<image>/e2e/report.json            e2e stage (+ e2e/tokens.jsonl, e2e/rank<i>.log)
+    artifacts/<image>/peer/report.json           peer stage (+ peer/<case>/<run>/tokens.jsonl, see bringup.peer)
     artifacts/<image>/logs/<stage>.log           each stage's output
     artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
 
@@ -28,7 +30,7 @@ __all__ = ["read_json", "utc_now", "write_bytes", "write_json", "write_text"]  #
 SCHEMA = 1
 PASSED, FAILED, CACHED, INTERRUPTED = "passed", "failed", "cached", "interrupted"
 RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
-                "e2e": "e2e/report.json"}
+                "e2e": "e2e/report.json", "peer": "peer/report.json"}
 
 
 def image_dir(artifacts: Path, image: str) -> Path:

@@ -1,7 +1,8 @@
 """``python -m bringup``: the pipeline's command line (the invoke tasks call :func:`main`).
 
-    python -m bringup env|build|verify|ab|e2e|all [--image NAME] [--matrix PATH] [--artifacts DIR]
+    python -m bringup env|build|verify|ab|e2e|peer|all [--image NAME] [--matrix PATH] [--artifacts DIR]
                                                   [--force] [--keep] [--timeout SECONDS] [--world-size N]
+                                                  [--model DIR] [--prompts FILE] [--answer-key FILE]
     python -m bringup image --name NAME [--matrix PATH] [--force]
 
 Exit status: 0 every stage passed or was cached; 1 a stage failed; 2 unusable configuration
@@ -21,7 +22,7 @@ from .errors import ConfigError
 from .locks import StageBusy
 from .paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
-STAGE_COMMANDS = ("env", "build", "verify", "ab", "e2e", "all")
+STAGE_COMMANDS = ("env", "build", "verify", "ab", "e2e", "peer", "all")
 INTERRUPTED_EXIT = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -49,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--timeout", type=_positive, help="seconds per stage (default: the matrix's settings.timeouts)")
         if name in ("e2e", "all"):
             s.add_argument("--world-size", type=int, help="e2e ranks (default: the matrix's, else one per GPU or 8 on CPU)")
+            s.add_argument("--model", help="e2e checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)")
+            s.add_argument("--prompts", help="e2e prompt file (default: the matrix's, else the answer key's prompts)")
+            s.add_argument("--answer-key", help="answer key to score with (default: the matrix's, else the model's answer_key.json)")
     s = sub.add_parser("image", help="make a docker image: an offline base (images/<name>) or a matrix image")
     s.add_argument("--name", required=True, help="offline image folder under images/ or matrix image name")
     s.add_argument("--matrix", default=DEFAULT_MATRIX)
@@ -92,13 +96,15 @@ def _stages(args: argparse.Namespace) -> int:
     from .pipeline import SKIPPED, Interrupted, Options, Pipeline
 
     matrix = load_matrix(args.matrix)
-    matrix.image(args.image)
+    if matrix.image(args.image).peer is None and args.command == "peer":
+        raise ConfigError(f"{matrix.path}: images.{args.image}.peer: not set; the peer stage runs the image's peer engine "
+                          "(peer: {engine: vllm})")
     display = Display()
     if getattr(args, "world_size", None) is not None and args.world_size < 1:
         say(f"error: --world-size must be at least 1, got {args.world_size}")
         return ConfigError.EXIT_CODE
     pipeline = Pipeline(Options(matrix, Path(args.artifacts).resolve(), args.force, args.keep, args.timeout,
-                                getattr(args, "world_size", None), display))
+                                getattr(args, "world_size", None), display, _model_inputs(args)))
     try:
         if args.command == "all":
             pipeline.run_all(args.image)
@@ -110,6 +116,16 @@ def _stages(args: argparse.Namespace) -> int:
         return INTERRUPTED_EXIT
     display.summary(pipeline.outcomes)
     return 1 if any(o.status in (FAILED, SKIPPED) for o in pipeline.outcomes) else 0
+
+
+def _model_inputs(args: argparse.Namespace) -> dict[str, Path]:
+    """--model, --prompts and --answer-key, checked like the matrix's fields (ConfigError naming the file)."""
+    from .model_inputs import MODEL_FIELDS, model_field
+    from .validate import At
+
+    given = {key: getattr(args, key, None) for key in MODEL_FIELDS}
+    return {key: model_field(key, value, At("command line", f"--{key.replace('_', '-')}"), Path.cwd())
+            for key, value in given.items() if value is not None}
 
 
 def _image(args: argparse.Namespace) -> int:

@@ -9,26 +9,34 @@ host interpreter and its torch/Triton for ``local``) and the code of the stage i
 * verify: the env and build results, the sources of ``kernels`` and ``engine``;
 * ab: the env result and the sources of ``kernels``;
 * e2e: the env and build results, the world size, the sources of ``kernels`` and ``engine``
-  and the bundled checkpoint.
+  and the bundled checkpoint, or the image's own model, prompts and answer key;
+* peer: the env and e2e results, the sources of ``bringup/peer``, ``kernels`` and ``engine``
+  (its random-MLA case runs the engine) and, as for e2e, the model files.
 
 Only cheap things here: no torch import (a no-op build must stay well under 2 s).
 """
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from .hashing import hash_files, hash_json
 from .matrix import Image, Matrix
+from .model_inputs import MODEL_FIELDS
 from .paths import REPO, vendor_dir
 from .recipes import Recipe, build_order
 
 STAGE_CODE = ["stage.py", "stages/*.py", "artifacts.py", "probe_versions.py"]
 SOURCES = {"verify": ["kernels/**/*.py", "engine/**/*.py"], "ab": ["kernels/**/*.py"],
-           "e2e": ["kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
+           "e2e": ["kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"],
+           "peer": ["bringup/peer/*.py", "kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
+# Model files above this size (the weights) count by name, size and modification time, not content.
+CONTENT_LIMIT = 1 << 20
 
 
 def local_identity() -> dict[str, Any]:
@@ -75,8 +83,35 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
         inputs["build"] = upstream.get("build")
     if stage == "e2e":
         inputs["world_size"] = world_size
+    if stage == "peer":
+        inputs["e2e"] = upstream.get("e2e")
+        inputs["peer"] = image.peer
+    if stage in ("e2e", "peer"):
+        given = {k: getattr(image, k) for k in MODEL_FIELDS if getattr(image, k) is not None}
+        inputs["model_files"] = {k: [str(path), file_identity(path)] for k, path in given.items()}
     inputs["sources"] = hash_files(REPO, SOURCES[stage])
     return inputs
+
+
+def file_identity(path: Path) -> str:
+    """sha256 over a file, or a folder's files: content up to :data:`CONTENT_LIMIT`, beyond it
+    name, size and modification time (a checkpoint's weights are not read every time)."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+        stat = file.stat()
+        digest.update((file.relative_to(path).as_posix() if path.is_dir() else file.name).encode() + b"\0")
+        if stat.st_size <= CONTENT_LIMIT:
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+        else:
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def model_mounts(image: Image) -> list[Path]:
+    """The image's model folder, prompt file and answer key where they lie outside the
+    repository (the runner mounts the repository already)."""
+    paths = [getattr(image, k) for k in MODEL_FIELDS if getattr(image, k) is not None]
+    return [p for p in paths if REPO not in (p, *p.parents)]
 
 
 def inputs_hash(inputs: dict[str, Any]) -> str:

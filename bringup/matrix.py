@@ -24,6 +24,10 @@
         gpus: all                      # all | a count | null (none)
         world_size: 8
         e2e_prompts: 12                # e2e on the first N prompts only (default: all of them)
+        model: ~/models/mine           # e2e model, prompts and answer key (see bringup.model_inputs;
+        prompts: prompts.jsonl         #   default: the bundled tiny checkpoint and its key)
+        answer_key: key.json
+        peer: {engine: vllm}           # the peer stage: a second engine on the same model (bringup.peer)
 
 Image fields are resolved as: every matching override in file order, then the image's own
 entry on top; mappings (``env``, ``expect``) merge key by key, anything else is replaced.
@@ -44,13 +48,14 @@ from typing import Any
 from .errors import ConfigError
 from .hashing import hash_json
 from .image_spec import ImageSpec, context_identity, load_image_spec
+from .model_inputs import MODEL_FIELDS, model_field, peer_field
 from .offline_recipe import IMAGES_DIR, OFFLINE_PREFIX, RECIPE_FILE, load_offline_recipe
 from .paths import DEFAULT_MATRIX, PROJECT_RECIPES, shown
 from .recipes import Recipe, load_recipes
 from .validate import (At, expected, integer, load_yaml, mapping, number, one_of, optional_string, string,
                        string_list)
 
-STAGES = ("env", "build", "verify", "ab", "e2e")
+STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
 EXPECT_KEYS = ("torch", "triton", "cuda", "nccl")
 RUNNERS = ("local", "docker")
 IMAGE_NAME = r"[a-z0-9][a-z0-9_.-]*"
@@ -60,8 +65,9 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 DOCKER_REF = rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
 BASE_WHAT = "a docker image reference such as 'vllm/vllm-openai:v0.32.0' or 'offline:<name>'"
 VERSION_WHAT = 'a version string such as "2.11.0+cu130" (or null: not checked)'
-IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts")
-DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600}
+IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts",
+                *MODEL_FIELDS, "peer")
+DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600, "peer": 1800}
 RESERVED_ENV = ("BRINGUP_RUN_ID",)
 
 
@@ -87,9 +93,14 @@ class Image:
     e2e_prompts: int | None = None
     python: str | None = None
     context: ImageSpec | None = None    # what the Dockerfile's build context holds (images/<x>/image.yaml)
+    model: Path | None = None           # e2e model, prompts and answer key (None: the launcher's defaults)
+    prompts: Path | None = None
+    answer_key: Path | None = None
+    peer: dict[str, Any] | None = None  # the peer stage's settings (None: no peer stage)
 
     def entry(self) -> dict[str, Any]:
-        """The resolved entry as JSON (part of every stage's cache key)."""
+        """The resolved entry as JSON (part of every stage's cache key; the model inputs and the
+        peer settings are part of the e2e and peer stages' keys only, see bringup.inputs)."""
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
@@ -226,6 +237,10 @@ def _fields(raw: Any, at: At, base_dir: Path, recipes: dict[str, Recipe]) -> dic
             fields[key] = None if value is None else integer(value, key_at, 1, "a number of ranks >= 1")
         elif key == "e2e_prompts":
             fields[key] = None if value is None else integer(value, key_at, 1, "a number of prompts >= 1 (or null: all)")
+        elif key in MODEL_FIELDS:
+            fields[key] = None if value is None else model_field(key, value, key_at, base_dir)
+        elif key == "peer":
+            fields[key] = peer_field(value, key_at)
     return fields
 
 
@@ -290,6 +305,7 @@ def _image(name: str, fields: dict[str, Any], at: At, recipes: dict[str, Recipe]
         env=fields.get("env", {}), recipes=fields.get("recipes", []), gpus=fields.get("gpus"),
         world_size=fields.get("world_size"), e2e_prompts=fields.get("e2e_prompts"),
         python=fields.get("python", None if runner == "local" else "python3"), context=context,
+        **{k: fields.get(k) for k in (*MODEL_FIELDS, "peer")},
     )
 
 

@@ -10,7 +10,7 @@ with env.json's ``python`` and ``env`` exports. The local image uses env.json th
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,10 @@ from . import images
 from .artifacts import (CACHED, FAILED, INTERRUPTED, PASSED, clear_output, header, image_dir, read_json, record_path,
                         stage_log, utc_now, write_json)
 from .display import Display, Outcome
-from .inputs import build_recipes, env_recipes, inputs_hash, local_identity, stage_inputs
+from .inputs import build_recipes, env_recipes, inputs_hash, local_identity, model_mounts, stage_inputs
 from .locks import stage_lock
 from .matrix import Image, Matrix
+from .model_inputs import MODEL_FIELDS
 from .paths import REPO, shown, vendor_dir
 from .runners import Mount, RunRequest, RunResult
 from .runs import new_run_id
@@ -42,6 +43,7 @@ class Options:
     timeout: float | None = None
     world_size: int | None = None
     display: Display = field(default_factory=Display)
+    model_inputs: dict[str, Path] = field(default_factory=dict)   # --model/--prompts/--answer-key: replace the image's
 
 
 class Pipeline:
@@ -58,18 +60,20 @@ class Pipeline:
         return self._docker
 
     def run_all(self, image_name: str) -> None:
-        """env -> build -> verify -> ab -> e2e; a failed env stops the rest (they would run on a broken image)."""
-        for i, stage in enumerate(STAGE_ORDER):
+        """env -> build -> verify -> ab -> e2e (-> peer, for an image with a peer); a failed env
+        stops the rest (they would run on a broken image)."""
+        stages = STAGE_ORDER + (("peer",) if self.options.matrix.image(image_name).peer else ())
+        for i, stage in enumerate(stages):
             outcome = self.run(stage, image_name)
             if stage == "env" and outcome.status == FAILED:
-                for rest in STAGE_ORDER[i + 1:]:
+                for rest in stages[i + 1:]:
                     self.outcomes.append(Outcome(rest, image_name, SKIPPED, 0.0, "", "env failed"))
                 return
 
     def run(self, stage: str, image_name: str) -> Outcome:
         """Run ``stage`` for ``image_name`` (or reuse its cached result) holding the stage's lock;
         raises :class:`bringup.locks.StageBusy` when another run holds it."""
-        image = self.options.matrix.image(image_name)
+        image = replace(self.options.matrix.image(image_name), **self.options.model_inputs)
         run_id = new_run_id(image.name, stage)
         with stage_lock(self.options.artifacts, image.name, stage, run_id, self.options.display.note):
             return self._run_locked(stage, image, run_id)
@@ -79,7 +83,7 @@ class Pipeline:
         record_file = record_path(o.artifacts, image.name, stage)
         env_record = _usable(read_json(record_path(o.artifacts, image.name, "env"))) if stage != "env" else None
         build_record = _usable(read_json(record_path(o.artifacts, image.name, "build"))) if stage not in ("env", "build") else None
-        upstream = {s: _upstream(read_json(record_path(o.artifacts, image.name, s))) for s in ("env", "build")}
+        upstream = {s: _upstream(read_json(record_path(o.artifacts, image.name, s))) for s in ("env", "build", "e2e")}
         try:
             ref, identity = self._image(image, stage, env_record)
             exported = self._reference_folders(image) if stage == "env" else {}
@@ -140,7 +144,9 @@ class Pipeline:
         recipes = env_recipes(image, m) if stage == "env" else build_recipes(image, m) if stage == "build" else []
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
                 "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
-                "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts, "owner_pipe": True}
+                "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts, "owner_pipe": True,
+                **{k: str(getattr(image, k)) for k in MODEL_FIELDS if getattr(image, k) is not None}, "peer": image.peer,
+                "near_tie_margin": m.settings.diff.near_tie_margin}
 
     def _world_size(self, image: Image) -> int | None:
         """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""
@@ -158,6 +164,8 @@ class Pipeline:
         self.options.artifacts.mkdir(parents=True, exist_ok=True)
         mounts = [Mount(REPO, read_only=stage != "build"), Mount(self.options.artifacts, read_only=False)]
         mounts += [Mount(folder, read_only=True) for folder in sorted(set(exported.values()))]
+        if stage in ("e2e", "peer"):
+            mounts += [Mount(path, read_only=True) for path in model_mounts(image)]
         if stage == "build":
             for recipe in build_recipes(image, self.options.matrix):
                 source, _ = recipe.resolve_source()

@@ -19,7 +19,7 @@ from pathlib import Path
 from .artifacts import FAILED, INTERRUPTED, PASSED, RECORD_FILES, header, utc_now, write_json
 from .stages import interrupts
 
-STAGES = ("env", "build", "verify", "ab", "e2e")
+STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
 INTERRUPTED_EXIT = 130
 
 

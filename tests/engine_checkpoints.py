@@ -1,10 +1,8 @@
 """Test support for the engine tests: random tiny DeepseekV3 checkpoints saved by transformers,
 their FP8 variants, and the transformers oracle's logits.
 
-Weights are redrawn so that the logits are O(1) (transformers' 0.02 init makes every logit
-nearly equal and greedy decoding a coin toss): linears ``N(0, 1/fan_in)``, norms ``1 + N(0, 0.1)``,
-embeddings ``N(0, 1)``, and the routing correction bias uniform in [0.02, 0.2] (non-zero, so it
-changes expert choices; positive, so no kept expert has a negative biased score).
+Weights are redrawn so that the logits are O(1) (:func:`engine.tiny.random_checkpoint.redraw`:
+transformers' 0.02 init makes every logit nearly equal and greedy decoding a coin toss).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.tiny.random_checkpoint import random_model  # noqa: F401 - the tests' random weights
 from kernels import registry
 from kernels.ops.quant import quantize_weight, weight_dequant_reference
 
@@ -40,29 +39,6 @@ def tiny_config(**overrides):
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
-
-
-def random_model(config, seed: int):
-    """A DeepseekV3ForCausalLM with redrawn O(1)-logit weights (see the module docstring), fp32, eval mode."""
-    from transformers import DeepseekV3ForCausalLM
-
-    config._attn_implementation = "eager"
-    model = DeepseekV3ForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                continue
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.copy_(0.02 + 0.18 * torch.rand(buf.shape, generator=gen))
-    return model
 
 
 def save_checkpoint(model, out: Path) -> Path:

@@ -41,8 +41,7 @@ def torch_ops(monkeypatch):
 
 def test_checkpoint_is_small_and_has_its_files():
     names = {p.name for p in CHECKPOINT_DIR.iterdir()}
-    assert {"config.json", "model.safetensors", "answer_key.json", "README.md"} <= names
-    assert "tokenizer.json" not in names
+    assert {"config.json", "model.safetensors", "answer_key.json", "README.md", "tokenizer.json", "tokenizer_config.json"} <= names
     total = sum(p.stat().st_size for p in CHECKPOINT_DIR.iterdir())
     assert total < 5 * 2**20
 

@@ -1,5 +1,6 @@
 """Collect the cross-image diff: read every compared image's artifacts and compare each
-with the reference image's (versions, stage results, builds, kernel dumps, tokens, fallbacks).
+with the reference image's (versions, stage results, builds, kernel dumps, tokens, fallbacks),
+and, within each image that has a peer engine, our engine's tokens with the peer's.
 
 Kernel dumps are compared per backend: an image's default-backend dump (``ab/``) with the
 reference's, and each other backend's dump (``ab/<backend>/``) with the reference's dump of
@@ -20,11 +21,11 @@ from kernels.ab import FAILED, compare_dumps
 from kernels.compare import EQUAL
 from kernels.dump import DumpError
 
-from .inputs import (AB_MANIFEST, AB_RESULTS, BUILD, E2E_REPORT, E2E_TOKENS, ENV, MADE_BY, VERIFY, ImageArtifacts,
-                     Missing, UnusableInput)
-from .tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, read_generations
+from .inputs import (AB_MANIFEST, AB_RESULTS, BUILD, E2E_REPORT, E2E_TOKENS, ENV, MADE_BY, PEER_REPORT, VERIFY,
+                     ImageArtifacts, Missing, UnusableInput)
+from .tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, logprob_deltas, read_generations
 
-STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT)
+STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,32 @@ class TokenComparison:
 
 
 @dataclass
+class PeerComparison:
+    """Within one image: our engine's tokens against one peer run on the same model and prompts
+    (peer/report.json: a case and one of its runs). ``counts``: the run's divergences count
+    against the image (the ``defaults`` run only shows what the workarounds fix). ``deltas``:
+    per prompt, the largest ``|logprob engine - logprob peer|`` over the common prefix (None
+    without logprobs, or when the first tokens differ). ``failure``: why the run has no tokens."""
+
+    column: str
+    case: str
+    run: str
+    counts: bool
+    settings: list[dict]
+    meta: dict[str, Any]
+    rows: list[Divergence] = field(default_factory=list)
+    deltas: dict[int, float | None] = field(default_factory=dict)
+    failure: str = ""
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.rows)
+
+    def max_delta(self) -> float | None:
+        present = [d for d in self.deltas.values() if d is not None]
+        return max(present) if present else None
+
+
+@dataclass
 class DiffResult:
     """Everything the report shows. ``columns[0]`` is the reference."""
 
@@ -109,6 +136,7 @@ class DiffResult:
     unmatched: list[str] = field(default_factory=list)
     tokens: list[TokenComparison] = field(default_factory=list)
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    peers: list[PeerComparison] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     not_run: list[str] = field(default_factory=list)
@@ -122,7 +150,10 @@ class DiffResult:
         return self.columns[1:]
 
     def real_divergences(self) -> int:
-        return sum(t.count(REAL) for t in self.tokens)
+        """Real token divergences across images, and between our engine and a counted peer run
+        (a counted run that failed counts too)."""
+        counted = [p for p in self.peers if p.counts]
+        return sum(t.count(REAL) for t in self.tokens) + sum(p.count(REAL) + bool(p.failure) for p in counted)
 
     def kernel_failures(self) -> int:
         """Cases beyond tolerance, plus cases only one side dumped (a case an image skipped or
@@ -139,7 +170,8 @@ class DiffResult:
 
     def nothing_compared(self) -> bool:
         """No kernel case and no prompt was compared (no A/B dump nor e2e tokens anywhere)."""
-        return not any(k.results or k.one_sided() for k in self.kernels) and not any(t.rows for t in self.tokens)
+        return (not any(k.results or k.one_sided() for k in self.kernels) and not any(t.rows for t in self.tokens)
+                and not any(p.rows for p in self.peers))
 
     def verdict(self) -> str:
         """``nothing compared``, ``unusable input``, ``differs``, ``within tolerance`` (close kernels, near-ties) or
@@ -151,6 +183,7 @@ class DiffResult:
             return "unusable input" if code == 2 else "differs"
         bitwise = all(d.status == EQUAL for k in self.kernels for r in k.results for d in r.outputs)
         same_tokens = all(r.status == IDENTICAL for t in self.tokens for r in t.rows)
+        same_tokens &= all(r.status == IDENTICAL for p in self.peers if p.counts for r in p.rows)
         return "identical" if bitwise and same_tokens else "within tolerance"
 
 
@@ -179,6 +212,7 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
     steps = [(section, col) for section in (_versions, _stages, _builds, _fallbacks) for col in result.columns]
     steps += [(_within, col) for col in result.columns if col.label == col.artifacts.name]
     steps += [(section, col) for section in (_kernels, _tokens) for col in result.compared]
+    steps += [(_peers, col) for col in _first_of_each_image(result.columns)]
     for section, col in steps:
         try:
             section(result, col)
@@ -186,6 +220,14 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
             result.problems.append(str(exc))
     result.problems = list(dict.fromkeys(result.problems))
     return result
+
+
+def _first_of_each_image(columns: list[Column]) -> list[Column]:
+    """Each image once (its first listing), for what compares an image with itself."""
+    first: dict[str, Column] = {}
+    for col in columns:
+        first.setdefault(col.artifacts.name, col)
+    return list(first.values())
 
 
 def _missing(columns: list[Column]) -> tuple[list[Missing], list[str]]:
@@ -324,3 +366,37 @@ def _fallbacks(result: DiffResult, col: Column) -> None:
                 raise UnusableInput(f"{col.artifacts.path(rel)}: ops.call_fallbacks[{i}].op must be a string")
             cells.setdefault(fb["op"], []).append(f"{where}: some calls {fb.get('backend')}->{fb.get('used')} ({fb.get('reason')})")
     result.fallbacks[col.label] = {op: "; ".join(v) for op, v in cells.items()}
+
+
+def _peers(result: DiffResult, col: Column) -> None:
+    """Our engine against the peer engine inside one image, from its peer/report.json."""
+    report = col.artifacts.json_or_none(PEER_REPORT)
+    if report is None:
+        return
+    where = col.artifacts.path(PEER_REPORT)
+    cases = report.get("cases")
+    if not isinstance(cases, list):
+        raise UnusableInput(f"{where}: 'cases' must be a list")
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict) or not isinstance(case.get("reference"), str) or not isinstance(case.get("runs"), list):
+            raise UnusableInput(f"{where}: cases[{i}] needs 'reference' (a tokens file) and 'runs' (a list)")
+        engine = read_generations(col.artifacts.path(case["reference"]))
+        for j, run in enumerate(case["runs"]):
+            if not isinstance(run, dict) or not isinstance(run.get("name"), str):
+                raise UnusableInput(f"{where}: cases[{i}].runs[{j}].name must be a string")
+            meta = {k: run.get(k) for k in ("vllm", "load_s", "generate_s", "tokens_per_s", "exit_code")}
+            meta.update({k: case.get(k) for k in ("model", "dtype", "max_tokens")})
+            comparison = PeerComparison(col.label, str(case.get("name")), run["name"], bool(run.get("counts")),
+                                        list(run.get("settings") or []), meta)
+            result.peers.append(comparison)
+            if not run.get("tokens"):
+                comparison.failure = f"the peer run failed (exit {run.get('exit_code')}): see its run.log"
+                continue
+            peer = read_generations(col.artifacts.path(run["tokens"]))
+            comparison.rows = compare_generations(engine, peer, result.near_tie_margin)
+            for row in comparison.rows:
+                if row.status == MISMATCH:
+                    result.problems.append(f"{col.label}: peer {comparison.case}/{comparison.run}: prompt {row.prompt_index}: {row.detail}")
+                    continue
+                deltas = logprob_deltas(engine[row.prompt_index], peer[row.prompt_index])
+                comparison.deltas[row.prompt_index] = max(deltas) if deltas else None  # None: no logprobs or no common prefix

@@ -15,6 +15,8 @@ ENV, BUILD, VERIFY, AB_MANIFEST, AB_RESULTS, E2E_REPORT, E2E_TOKENS = (
     "env.json", "build.json", "verify.json", "ab/manifest.json", "ab/results.json", "e2e/report.json", "e2e/tokens.jsonl")
 
 MADE_BY = {ENV: "env", BUILD: "build", VERIFY: "verify", AB_MANIFEST: "ab", AB_RESULTS: "ab", E2E_REPORT: "e2e", E2E_TOKENS: "e2e"}
+# Only images with a peer engine have it (stage peer), so it is never reported missing.
+PEER_REPORT = "peer/report.json"
 
 
 class UnusableInput(Exception):

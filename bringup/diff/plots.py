@@ -11,6 +11,8 @@ from .tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
 
 KERNEL_HEATMAP = "kernel_errors.png"
 TOKEN_DIVERGENCE = "token_divergence.png"
+PEER_AGREEMENT = "peer_agreement.png"
+DELTA_FLOOR = 1e-9  # where a zero logprob delta is drawn on the log scale
 ZERO_FLOOR = 1e-9  # colour of bitwise-equal cells on the log scale
 STATUS_STYLE = {IDENTICAL: ("o", "#2ca02c"), NEAR_TIE: ("D", "#ff9f1c"), REAL: ("X", "#d62728"), MISMATCH: ("s", "#7f7f7f")}
 
@@ -84,3 +86,36 @@ def token_divergence(result: DiffResult, folder: Path) -> str | None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     _save(fig, folder / TOKEN_DIVERGENCE)
     return TOKEN_DIVERGENCE
+
+
+def peer_agreement(result: DiffResult, folder: Path) -> str | None:
+    """Per prompt and peer run: the largest logprob delta over the common prefix (log scale),
+    the marker coloured by the prompt's divergence class."""
+    plotted = [p for p in result.peers if p.rows]
+    if not plotted:
+        return None
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    prompts = sorted({r.prompt_index for p in plotted for r in p.rows})
+    fig = Figure(figsize=(max(6.0, 0.45 * len(prompts) + 3), 3.8))
+    ax = fig.subplots()
+    markers = "os^vD<>p*h"
+    for i, p in enumerate(plotted):
+        offset = (i - (len(plotted) - 1) / 2) * 0.8 / max(1, len(plotted))
+        for row in p.rows:
+            delta = p.deltas.get(row.prompt_index)
+            y = max(delta or 0.0, DELTA_FLOOR)
+            ax.scatter([prompts.index(row.prompt_index) + offset], [y], marker=markers[i % len(markers)],
+                       color=STATUS_STYLE[row.status][1], s=45, zorder=3)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(prompts)), [str(x) for x in prompts])
+    ax.set_xlabel("prompt")
+    ax.set_ylabel(f"max |logprob delta|\n(0 or no common prefix: at {DELTA_FLOOR:g})")
+    ax.set_title("our engine vs the peer engine, per image / case / run")
+    handles = [Line2D([], [], linestyle="", marker=markers[i % len(markers)], color="black",
+                      label=f"{p.column} {p.case}/{p.run}") for i, p in enumerate(plotted)]
+    handles += [Line2D([], [], linestyle="", marker="s", color=c, label=s) for s, (_, c) in STATUS_STYLE.items()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    _save(fig, folder / PEER_AGREEMENT)
+    return PEER_AGREEMENT

@@ -9,8 +9,9 @@ from kernels.compare import DIFFERS
 
 from . import plots
 from ..artifacts import write_text
-from .collect import DiffResult, KernelComparison
+from .collect import DiffResult, KernelComparison, PeerComparison
 from .document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
+from .tokens import IDENTICAL, NEAR_TIE, REAL
 
 ABSENT = "-"
 
@@ -53,6 +54,7 @@ def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
     blocks += _kernel_blocks(result, figures.get("kernels"))
     blocks += _within_blocks(result)
     blocks += _token_blocks(result, figures.get("tokens"))
+    blocks += _peer_blocks(result, figures.get("peers"))
     return blocks
 
 
@@ -127,11 +129,62 @@ def _token_blocks(result: DiffResult, figure: str | None) -> list[Block]:
     return blocks
 
 
+def _delta(value: float | None) -> str:
+    return ABSENT if value is None else f"{value:.2e}"
+
+
+def _setting_names(comparison: PeerComparison) -> str:
+    return ", ".join(f"{s.get('key')}={s.get('value')}" + (" (workaround)" if s.get("workaround") else "")
+                     for s in comparison.settings) or "vLLM defaults"
+
+
+def _peer_blocks(result: DiffResult, figure: str | None) -> list[Block]:
+    """Our engine against the peer engine, per image: agreement, logprob deltas, settings."""
+    if not result.peers:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "Our engine against the peer engine (same image, same checkpoint, same prompts)"),
+        Paragraph("The reference here is our engine's run (its top-2 margins classify each divergence). A run marked "
+                  "'no' under 'counts' is the peer without its workarounds: its divergences show what the workarounds "
+                  "fix and do not count in the verdict. Logprob delta: the largest |logprob engine - logprob peer| of "
+                  "the chosen tokens over the common prefix."),
+    ]
+    if figure:
+        blocks.append(Figure(figure, "engine vs peer per prompt: largest logprob delta over the common prefix, "
+                                     "marker coloured by the divergence class"))
+    rows = []
+    for p in result.peers:
+        agreement = p.failure or f"{p.count(IDENTICAL)}/{p.count(NEAR_TIE)}/{p.count(REAL)}"
+        rows.append([p.column, p.case, p.run, "yes" if p.counts else "no", str(p.meta.get("dtype")), agreement,
+                     _delta(p.max_delta()), str(p.meta.get("load_s", ABSENT)), str(p.meta.get("tokens_per_s", ABSENT)),
+                     str(p.meta.get("vllm") or ABSENT)])
+    blocks.append(Table(["image", "case", "peer run", "counts", "dtype", "identical/near-tie/real", "max logprob delta",
+                         "peer load s", "peer tok/s (first batch)", "peer version"], rows))
+    for p in result.peers:
+        blocks.append(Heading(3, f"{p.column}: {p.case} / {p.run}"))
+        blocks.append(Paragraph(f"Model {p.meta.get('model')}, {p.meta.get('dtype')}, up to {p.meta.get('max_tokens')} "
+                                f"new tokens. Peer settings: {_setting_names(p)}."))
+        divergent = [r for r in p.rows if r.status != IDENTICAL]
+        if divergent:
+            blocks.append(Table(["prompt", "text", "status", "first divergence", "engine top-2 margin", "engine -> peer token",
+                                 "lengths (engine / peer)", "logprob delta before it"],
+                                [[str(r.prompt_index), _short(r.prompt), r.status, str(r.position),
+                                  ABSENT if r.margin is None else f"{r.margin:.3f}", f"{r.reference_token} -> {r.token}",
+                                  f"{r.reference_length} / {r.length}", _delta(p.deltas.get(r.prompt_index))] for r in divergent]))
+        elif p.rows:
+            blocks.append(Paragraph(f"All {len(p.rows)} prompts identical."))
+    reasons = {(s.get("key"), s.get("why")) for p in result.peers for s in p.settings}
+    if reasons:
+        blocks += [Heading(3, "Why each peer setting"), Bullets([f"{key}: {why}" for key, why in sorted(reasons, key=str)])]
+    return blocks
+
+
 def write(result: DiffResult, folder: Path) -> dict[str, Path]:
     """Write the plots, report.md and report.html into ``folder``; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {"kernels": plots.kernel_heatmap(result, folder), "tokens": plots.token_divergence(result, folder)}
-    for stale in {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE} - set(figures.values()):
+    figures = {"kernels": plots.kernel_heatmap(result, folder), "tokens": plots.token_divergence(result, folder),
+               "peers": plots.peer_agreement(result, folder)}
+    for stale in {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE, plots.PEER_AGREEMENT} - set(figures.values()):
         (folder / stale).unlink(missing_ok=True)
     blocks = build(result, figures)
     write_text(folder / "report.md", to_markdown(blocks))

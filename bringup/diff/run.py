@@ -109,3 +109,12 @@ def print_summary(result: DiffResult) -> None:
         for k in result.within:
             within.add_row(k.column, _kernel_cell(k), str(len(k.one_side.get("only_in_b", []))))
         Console(width=160).print(within)
+    if result.peers:
+        peers = Table(title="our engine against the peer engine (within each image)")
+        for col in ("image", "case / peer run", "counts", "tokens (same/near-tie/real)", "max logprob delta"):
+            peers.add_column(col)
+        for p in result.peers:
+            cell = p.failure or f"{p.count(IDENTICAL)}/{p.count(NEAR_TIE)}/" + (f"[bold red]{p.count(REAL)}[/]" if p.count(REAL) and p.counts else str(p.count(REAL)))
+            delta = p.max_delta()
+            peers.add_row(p.column, f"{p.case} / {p.run}", "yes" if p.counts else "no", cell, "-" if delta is None else f"{delta:.2e}")
+        Console(width=160).print(peers)

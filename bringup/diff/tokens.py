@@ -4,7 +4,8 @@ Each image's ``e2e/tokens.jsonl`` holds one generation per (rank, prompt). For a
 first position where the two token sequences differ is the divergence; the reference's
 ``top2_margin`` (top-1 minus top-2 logit) there says how close the reference itself was to
 choosing another token. A margin under ``near_tie_margin`` is a ``near-tie`` (numerical noise can
-flip it), otherwise the divergence is ``real``.
+flip it), otherwise the divergence is ``real``. Over the common prefix, :func:`logprob_deltas`
+gives how far the chosen tokens' logprobs of the two runs are apart.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Generation:
     prompt: str
     token_ids: list[int]
     top2_margin: list[float]
+    logprobs: tuple[float, ...] = ()    # the chosen tokens' logprobs, when the file has them
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,12 @@ def _parse_line(path: Path, number: int, line: str) -> Generation:
         raise UnusableInput(f"{where}: 'top2_margin' must hold numbers")
     if len(margins) != len(tokens):
         raise UnusableInput(f"{where}: 'top2_margin' has {len(margins)} entries for {len(tokens)} tokens")
-    return Generation(obj["rank"], obj["prompt_index"], obj["prompt"], list(tokens), [float(m) for m in margins])
+    logprobs = obj.get("logprobs", [])
+    if not isinstance(logprobs, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in logprobs) \
+            or len(logprobs) not in (0, len(tokens)):
+        raise UnusableInput(f"{where}: 'logprobs' must hold one number per token")
+    return Generation(obj["rank"], obj["prompt_index"], obj["prompt"], list(tokens), [float(m) for m in margins],
+                      tuple(float(v) for v in logprobs))
 
 
 def first_divergence(reference: list[int], other: list[int]) -> int | None:
@@ -117,6 +124,16 @@ def classify(reference: Generation, other: Generation, near_tie_margin: float) -
     margin = reference.top2_margin[pos]
     status = NEAR_TIE if margin < near_tie_margin else REAL
     return Divergence(**base, status=status, position=pos, margin=margin, reference_token=ref_token, token=token)
+
+
+def logprob_deltas(reference: Generation, other: Generation) -> list[float] | None:
+    """``|logprob_ref - logprob_other|`` at each position of the common prefix (before the first
+    divergence), or None when either side has no logprobs."""
+    if not reference.logprobs or not other.logprobs:
+        return None
+    pos = first_divergence(reference.token_ids, other.token_ids)
+    common = min(len(reference.token_ids), len(other.token_ids)) if pos is None else pos
+    return [abs(a - b) for a, b in zip(reference.logprobs[:common], other.logprobs[:common])]
 
 
 def compare_generations(reference: dict[int, Generation], other: dict[int, Generation], near_tie_margin: float) -> list[Divergence]:

@@ -1,4 +1,5 @@
-"""The e2e stage, inside the image: ``python -m engine.launch --out e2e/`` on the bundled tiny checkpoint.
+"""The e2e stage, inside the image: ``python -m engine.launch --out e2e/`` on the image's model
+(the matrix's ``model``, ``prompts`` and ``answer_key``; default: the bundled tiny checkpoint and its key).
 
 N ranks generate the answer key's prompts; the launcher writes ``e2e/report.json`` (tokens per
 rank, agreement, answer-key score, timings, op backends, fallbacks, tracebacks),
@@ -29,4 +30,7 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
         argv += ["--world-size", str(spec["world_size"])]
     if spec.get("e2e_prompts"):
         argv += ["--max-prompts", str(spec["e2e_prompts"])]
+    for key in ("model", "prompts", "answer_key"):
+        if spec.get(key):
+            argv += [f"--{key.replace('_', '-')}", spec[key]]
     return run_recording_module("e2e", argv, out / "e2e" / "report.json", EXIT_MEANING)

@@ -1,6 +1,6 @@
 """Launch N ranks of the engine with expert parallelism and write the e2e artifacts.
 
-    python -m engine.launch --out DIR [--world-size N] [--model DIR] [--prompts FILE] [--max-tokens N]
+    python -m engine.launch --out DIR [--world-size N] [--model DIR] [--prompts FILE] [--answer-key FILE] [--max-tokens N]
                             [--device auto|cpu|cuda] [--dtype float32|bfloat16] [--ignore-eos]
                             [--timeout S] [--hang-timeout S] [--enforce-eager] [--image NAME]
                             [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--nproc-per-node M]]
@@ -9,7 +9,8 @@ Every rank generates every prompt greedily (attention is data-parallel: each ran
 own copy of the requests; the routed experts are split across the ranks, see
 :mod:`engine.parallel`), so the report can tell whether all ranks produced the same tokens.
 Defaults: world size = the number of GPUs, or 8 gloo ranks on CPU; the model is the bundled
-tiny checkpoint; the prompts and the token budget come from the model's ``answer_key.json``.
+tiny checkpoint; the prompts and the token budget come from the answer key (``--answer-key``,
+else the model's ``answer_key.json``; without one, ``--prompts`` is needed and nothing is scored).
 
 Three ways to run, one report:
 

@@ -19,6 +19,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, help="number of ranks (default: the GPUs, or 8 on CPU)")
     parser.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
     parser.add_argument("--prompts", type=Path, help="prompt file (default: the prompts of the model's answer_key.json)")
+    parser.add_argument("--answer-key", type=Path, help="answer key to score with (default: the model's answer_key.json, if any)")
     parser.add_argument("--max-prompts", type=int, help="only the first N prompts (default: all)")
     parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the answer key's, else 32)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when torch sees a GPU")

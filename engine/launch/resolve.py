@@ -10,6 +10,7 @@ import torch
 
 from ..checkpoint import CheckpointError, check_checkpoint
 from ..config import default_max_model_len
+from ..tiny import answer_key
 from ..tiny.answer_key import AnswerKeyError
 from ..tokenizer import load_tokenizer
 from .job import Job
@@ -56,7 +57,7 @@ def resolve_job(args: argparse.Namespace, world_size: int | None):
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     try:
-        key = model_answer_key(args.model)
+        key = answer_key.load(args.answer_key) if args.answer_key is not None else model_answer_key(args.model)
         if args.prompts is not None:
             prompts = load_prompts(args.prompts)
         elif key is not None:

@@ -7,8 +7,9 @@ one CPU thread so that the result does not depend on the core count or on other 
 on the completion and EOS only. The checkpoint is written to a staging folder first; greedy
 generation with transformers, loading those files in fp32 and in bf16, must answer every
 question of the key, else nothing reaches ``--out`` and the wrong answers are listed. The
-output folder gets config.json, generation_config.json, model.safetensors (fp32),
-answer_key.json and README.md.
+output folder gets config.json (with DeepSeek-V3's own keys), tokenizer.json and
+tokenizer_config.json (:mod:`engine.tiny.portable`), generation_config.json, model.safetensors
+(fp32), answer_key.json and README.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import CHECKPOINT_DIR, answer_key, dataset, oracle
+from .portable import make_portable
 
 DEFAULT_STEPS = 600
 DEFAULT_SEED = 0
@@ -162,8 +164,11 @@ fixed seed, full batch in a fixed order, `torch.use_deterministic_algorithms(Tru
 - `e_score_correction_bias` is zero in every MoE layer, so all biased scores are sigmoid
   values > 0: masking dropped expert groups with 0.0 (some transformers versions) or with
   -inf (DeepSeek-V3, this engine) selects the same experts.
-- Tokenizer: byte level, no tokenizer.json. Ids 0-255 are UTF-8 bytes, 256 BOS, 257 EOS,
-  258 PAD, vocab_size {dataset.VOCAB_SIZE}. A prompt is encoded as `[BOS] + bytes(prompt)`.
+- Tokenizer: byte level. Ids 0-255 are UTF-8 bytes, 256 BOS, 257 EOS, 258 PAD, vocab_size
+  {dataset.VOCAB_SIZE}. A prompt is encoded as `[BOS] + bytes(prompt)`. `tokenizer.json` (built with
+  `tokenizers` by `engine/tiny/portable.py`) encodes and decodes the same ids, so transformers and
+  vLLM tokenize text prompts; `config.json` carries DeepSeek-V3's own routing keys
+  (`topk_method: noaux_tc`, `scoring_func: sigmoid`, ...) for loaders that read them.
 - Data: {english} English questions (`Q: What is the capital of France?\\nA: Paris`) and
   {len(key.entries) - english} in the form `问题：中国的首都是哪里？答案：北京。`; the loss covers the
   answer and EOS only. Final training loss {loss:.2e}.
@@ -176,8 +181,9 @@ fixed seed, full batch in a fixed order, `torch.use_deterministic_algorithms(Tru
 
 
 def write_checkpoint(model, folder: Path, key: answer_key.AnswerKey) -> None:
-    """config.json, generation_config.json, model.safetensors and answer_key.json into ``folder``."""
+    """config.json, tokenizer files, generation_config.json, model.safetensors and answer_key.json into ``folder``."""
     model.save_pretrained(folder, safe_serialization=True)
+    make_portable(folder)
     text = json.dumps(key.to_json(), indent=2, ensure_ascii=False) + "\n"
     (folder / "answer_key.json").write_text(text, encoding="utf-8")
 
