@@ -116,3 +116,17 @@ def test_in_place_build_location_is_the_engine_package():
     from engine.csrc import build
 
     assert build.PACKAGE_ROOT / "engine" == ENGINE_DIR
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_build_ignores_the_working_folders_packaging_metadata(tmp_path):
+    """An image's setuptools may be older than the project's pyproject.toml: the native build must
+    not read it (seen: a stand-in's setuptools refused the SPDX license string)."""
+    import subprocess
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nlicense = 42\n')  # no setuptools reads this
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "engine.csrc.build", "--out", "out"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert list((tmp_path / "out" / "engine").glob("_C*.so"))

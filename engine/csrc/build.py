@@ -10,6 +10,7 @@ path of the built file. Exit status 0 on success, 1 when the compiler fails.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,13 +26,21 @@ def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
 
     sources = sorted(str(p) for p in CSRC.glob("*.cpp"))
     ext: Extension = CppExtension("engine._C", sources, extra_compile_args=["-O2"])
+    out_root = Path(out_root).resolve()
     with tempfile.TemporaryDirectory(prefix="engine-c-build-") as tmp:
-        setup(
-            name="engine-native",
-            ext_modules=[ext],
-            cmdclass={"build_ext": BuildExtension},
-            script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root), "--build-temp", tmp],
-        )
+        # setup() reads the working folder's pyproject.toml: build from an empty one, so that the
+        # project's packaging metadata (which an image's older setuptools may not read) stays out.
+        here = os.getcwd()
+        os.chdir(tmp)
+        try:
+            setup(
+                name="engine-native",
+                ext_modules=[ext],
+                cmdclass={"build_ext": BuildExtension},
+                script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root), "--build-temp", tmp],
+            )
+        finally:
+            os.chdir(here)
     import sysconfig
 
     return Path(out_root) / "engine" / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
