@@ -159,7 +159,7 @@ def diff(c, images="", reference="", near_tie_margin="", matrix="", artifacts=""
 @task(help={"artifacts": STAGE_HELP["artifacts"], "matrix": STAGE_HELP["matrix"]})
 def doctor(c, artifacts="", matrix=""):
     """Check this host: docker, NVIDIA runtime, GPU holders, leftovers of earlier runs, disk, /dev/shm, IB, versions."""
-    from bringup.doctor import command
+    from bringup.host.doctor import command
 
     _exit(command(_artifacts(artifacts), _matrix(matrix)))
 
@@ -167,7 +167,7 @@ def doctor(c, artifacts="", matrix=""):
 @task(help={"artifacts": STAGE_HELP["artifacts"], "dry_run": "only list what would be removed"})
 def clean(c, artifacts="", dry_run=False):
     """Kill leftover processes and remove labelled containers of runs that are no longer active."""
-    from bringup.clean import command
+    from bringup.host.clean import command
 
     _exit(command(_artifacts(artifacts), dry_run))
 
@@ -176,7 +176,7 @@ def clean(c, artifacts="", dry_run=False):
                            "images": "comma-separated docker images (default: all)", "matrix": STAGE_HELP["matrix"]})
 def ci_matrix(c, json=False, images="", matrix=""):
     """The CI matrix: one job per docker image ({"include": [...]}, used by .github/workflows/bringup.yml)."""
-    from bringup.ci import command
+    from bringup.host.ci import command
 
     _exit(command(_matrix(matrix), images, json))
 

@@ -11,7 +11,7 @@ image's Python.
     artifacts/<image>/e2e/report.json            e2e stage (+ e2e/tokens.jsonl, e2e/rank<i>.log)
     artifacts/<image>/peer/report.json           peer stage (+ peer/<case>/<run>/tokens.jsonl, see bringup.peer)
     artifacts/<image>/logs/<stage>.log           each stage's output
-    artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
+    artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runners.records)
 
 Every stage JSON starts with the keys of :func:`header`.
 """

@@ -18,9 +18,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
-from .locks import StageBusy
-from .paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
+from bringup.errors import ConfigError
+from bringup.host.locks import StageBusy
+from bringup.paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
 STAGE_COMMANDS = ("env", "build", "verify", "ab", "e2e", "peer", "all")
 INTERRUPTED_EXIT = 130
@@ -90,10 +90,10 @@ def say(text: str) -> None:
 
 
 def _stages(args: argparse.Namespace) -> int:
-    from .artifacts import FAILED
-    from .display import Display
-    from .matrix import load_matrix
-    from .pipeline import SKIPPED, Interrupted, Options, Pipeline
+    from bringup.artifacts import FAILED
+    from bringup.config.matrix import load_matrix
+    from bringup.host.display import Display
+    from bringup.host.pipeline import SKIPPED, Interrupted, Options, Pipeline
 
     matrix = load_matrix(args.matrix)
     if matrix.image(args.image).peer is None and args.command == "peer":
@@ -120,8 +120,8 @@ def _stages(args: argparse.Namespace) -> int:
 
 def _model_inputs(args: argparse.Namespace) -> dict[str, Path]:
     """--model, --prompts and --answer-key, checked like the matrix's fields (ConfigError naming the file)."""
-    from .model_inputs import MODEL_FIELDS, model_field
-    from .validate import At
+    from bringup.config.model_inputs import MODEL_FIELDS, model_field
+    from bringup.config.validate import At
 
     given = {key: getattr(args, key, None) for key in MODEL_FIELDS}
     return {key: model_field(key, value, At("command line", f"--{key.replace('_', '-')}"), Path.cwd())
@@ -129,10 +129,10 @@ def _model_inputs(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def _image(args: argparse.Namespace) -> int:
-    from .display import Display
-    from .images import ImageError, build_offline, docker_client, ensure_image
-    from .matrix import load_matrix
-    from .offline_recipe import load_offline_recipe
+    from bringup.config.matrix import load_matrix
+    from bringup.docker.images import ImageError, build_offline, docker_client, ensure_image
+    from bringup.docker.offline_base import load_offline_recipe
+    from bringup.host.display import Display
 
     display = Display()
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bringup import clean
-from bringup.runs import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV
+from bringup.host import clean
+from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV
 
 
 def _now() -> str:
@@ -126,7 +126,7 @@ def _scratch_image(client) -> str:
 
 @pytest.mark.docker
 def test_clean_removes_containers_of_inactive_runs_only(tmp_path):
-    from bringup.images import docker_client
+    from bringup.docker.images import docker_client
 
     client = docker_client()
     tag = _scratch_image(client)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bringup.display import Display
-from bringup.matrix import load_matrix
-from bringup.pipeline import Options, Pipeline
-from bringup.runs import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE
+from bringup.config.matrix import load_matrix
+from bringup.host.display import Display
+from bringup.host.pipeline import Options, Pipeline
+from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE
 
 pytestmark = pytest.mark.docker
 
@@ -28,8 +28,8 @@ MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
 
 @pytest.fixture(scope="module")
 def client():
-    from bringup.images import build_offline, docker_client
-    from bringup.offline_recipe import load_offline_recipe
+    from bringup.docker.images import build_offline, docker_client
+    from bringup.docker.offline_base import load_offline_recipe
 
     client = docker_client()
     build_offline(client, load_offline_recipe("base"), print)

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from bringup import doctor
 from test_clean import _wait_for, start, write_record
+
+from bringup.host import doctor
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,7 +95,7 @@ def _fake_nvidia_smi(folder: Path, gpus: str, apps: str) -> None:
 
 
 def test_gpu_held_by_an_orphan_fails_with_the_clean_hint(tmp_path, procs, monkeypatch):
-    from bringup import clean
+    from bringup.host import clean
 
     artifacts = tmp_path / "artifacts"
     write_record(artifacts, "r-ended", os.getpid(), ended=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bringup.matrix import load_matrix
+from bringup.config.matrix import load_matrix
 
 pytestmark = pytest.mark.docker
 
@@ -24,14 +24,14 @@ VERSIONS = ("import json, importlib.metadata as md\n"
 
 @pytest.fixture(scope="module")
 def client():
-    from bringup.images import docker_client
+    from bringup.docker.images import docker_client
 
     return docker_client()
 
 
 @pytest.fixture(scope="module")
 def tags(client):
-    from bringup.images import ensure_image
+    from bringup.docker.images import ensure_image
 
     return {name: ensure_image(client, MATRIX.image(name), print) for name in STANDINS}
 

@@ -18,11 +18,11 @@ import threading
 import time
 from typing import Any
 
-from ..images import ImageError
-from ..runs import INTERRUPTED, LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, TIMEOUT, RunRecord
-from . import FAILED, PASSED, LineSink, LogTee, RunRequest, RunResult, exit_status
-from .environment import parse_env_list, stage_environment
-from .local import GRACE_SECONDS
+from bringup.docker.images import ImageError
+from bringup.runners import FAILED, PASSED, LineSink, LogTee, RunRequest, RunResult, exit_status
+from bringup.runners.environment import parse_env_list, stage_environment
+from bringup.runners.local import GRACE_SECONDS
+from bringup.runners.records import INTERRUPTED, LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, TIMEOUT, RunRecord
 
 
 def host_has_gpus() -> bool:
@@ -66,7 +66,7 @@ def run(request: RunRequest, sink: LineSink, client: Any, grace: float = GRACE_S
         record.update(container=container.name)
         # The owner pipe: the stage's stdin stays open while this process stays attached; docker
         # closes it when we go away (stdin_once), even when killed outright, and the stage then
-        # stops itself (bringup.stages.interrupts).
+        # stops itself (bringup.stages.support.interrupts).
         owner = container.attach_socket(params={"stdin": 1, "stream": 1})
         container.start()
         pump = threading.Thread(target=_pump, args=(container, tee), daemon=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from ..runs import RUN_ENV
+from bringup.runners.records import RUN_ENV
 
 # What a local stage inherits from the host besides the allowlist: enough to run a program.
 LOCAL_BASE = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "SHELL")

@@ -13,10 +13,10 @@ import subprocess
 import threading
 import time
 
-from ..runs import INTERRUPTED, TIMEOUT, RunRecord
-from . import LineSink, LogTee, RunRequest, RunResult, exit_status
-from .environment import local_base, stage_environment
-from .processes import kill_run
+from bringup.runners import LineSink, LogTee, RunRequest, RunResult, exit_status
+from bringup.runners.environment import local_base, stage_environment
+from bringup.runners.processes import kill_run
+from bringup.runners.records import INTERRUPTED, TIMEOUT, RunRecord
 
 GRACE_SECONDS = 5.0
 
@@ -32,7 +32,7 @@ def run(request: RunRequest, sink: LineSink, grace: float = GRACE_SECONDS) -> Ru
     reader = None
     try:
         # stdin is the owner pipe: never written, closed by the kernel if this process dies, so
-        # the stage sees end of file and stops itself (bringup.stages.interrupts).
+        # the stage sees end of file and stops itself (bringup.stages.support.interrupts).
         proc = subprocess.Popen(request.argv, cwd=request.cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         record.update(pid=proc.pid, pgid=proc.pid)

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from ..runs import RUN_ENV
+from bringup.runners.records import RUN_ENV
 
 PROC = Path("/proc")
 

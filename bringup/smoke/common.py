@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from ..artifacts import write_json
+from bringup.artifacts import write_json
 
 PASSED, FAILED, SKIPPED, BLOCKED = "passed", "failed", "skipped", "blocked"
 

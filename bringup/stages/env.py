@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED
-from .common import components, probe_versions, version_matches
-from .env_steps import STEPS, EnvContext, StepError
+from bringup.artifacts import FAILED, PASSED
+from bringup.stages.support.common import components, probe_versions, version_matches
+from bringup.stages.support.env_steps import STEPS, EnvContext, StepError
 
 GUARDED = ("torch", "triton", "nccl")
 
