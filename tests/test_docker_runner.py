@@ -28,11 +28,14 @@ MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
 
 @pytest.fixture(scope="module")
 def client():
-    from bringup.docker.images import build_offline, docker_client
+    import docker
+
+    from bringup.docker.api import Docker
+    from bringup.docker.images import build_offline
     from bringup.docker.offline_base import load_offline_recipe
 
-    client = docker_client()
-    build_offline(client, load_offline_recipe("base"), print)
+    client = docker.from_env()
+    build_offline(Docker(client), load_offline_recipe("base"), print)
     return client
 
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bringup.artifacts import STAGES
 from bringup.config.model_inputs import MODEL_FIELDS, model_field, peer_field
 from bringup.config.recipes import Recipe, load_recipes
 from bringup.config.validate import (
@@ -65,7 +66,6 @@ from bringup.errors import ConfigError
 from bringup.hashing import hash_json
 from bringup.paths import DEFAULT_MATRIX, PROJECT_RECIPES, shown
 
-STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
 EXPECT_KEYS = ("torch", "triton", "cuda", "nccl")
 RUNNERS = ("local", "docker")
 IMAGE_NAME = r"[a-z0-9][a-z0-9_.-]*"

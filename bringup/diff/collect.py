@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bringup.artifacts import PASSED
 from bringup.diff.inputs import (
     AB_MANIFEST,
     AB_RESULTS,
@@ -307,7 +308,7 @@ def _builds(result: DiffResult, col: Column) -> None:
         if not isinstance(target, dict) or not isinstance(target.get("name"), str):
             raise UnusableInput(f"{col.artifacts.path(BUILD)}: targets[{i}].name must be a string")
         status = str(target.get("status", "?"))
-        detail = target.get("detail") if status != "passed" else ""
+        detail = target.get("detail") if status != PASSED else ""
         cells[target["name"]] = status + (f" ({detail})" if detail else "")
     result.builds[col.label] = cells
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bringup.artifacts import PASSED, read_json, write_text
+from bringup.artifacts import CACHED, PASSED, read_json, write_text
 
 
 def lines(record: dict[str, Any]) -> list[str]:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.env_file:
         write_text(args.env_file, "\n".join(env_lines(record.get("exports") or {})) + "\n")
         print(f"exports for later steps: . {args.env_file}")
-    return 0 if record.get("status") in (PASSED, "cached") else 1
+    return 0 if record.get("status") in (PASSED, CACHED) else 1
 
 
 if __name__ == "__main__":

@@ -20,29 +20,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bringup.artifacts import INTERRUPTED, read_json, utc_now, write_json
-from bringup.runners.processes import group_members
-from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV, runs_dir
+from bringup.docker.api import Docker, DockerError
+from bringup.runners.processes import RunProcess, alive, group_members, run_processes, signal_quietly, started_at, wait_gone
+from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, runs_dir
 
-PROC = Path("/proc")
 ACTIVE, ENDED, DEAD_OWNER, UNKNOWN = "active", "ended", "dead-owner", "unknown"
 SWEPT = (ENDED, DEAD_OWNER)
-
-
-@dataclass(frozen=True)
-class RunProcess:
-    """A live process carrying ``BRINGUP_RUN_ID``."""
-
-    pid: int
-    pgid: int
-    run_id: str
-    cmdline: str
 
 
 @dataclass(frozen=True)
@@ -79,43 +68,13 @@ class Leftovers:
         return [x for x in [*self.processes, *self.containers] if self.state(x.run_id) == UNKNOWN]
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name (field 3 onwards), or None when gone."""
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (zombies count as dead)."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _boot_time() -> float:
-    for line in (PROC / "stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    raise OSError("/proc/stat has no btime line")
-
-
-def process_start(pid: int) -> float | None:
-    """When ``pid`` started (seconds since the epoch), or None when it is gone."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return None
-    return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
 def owner_alive(record: dict[str, Any]) -> bool:
     """Whether the record's owner still runs: the pid lives and started before the run did
     (a pid reused by a later process does not count)."""
     pid = record.get("owner_pid")
     if not isinstance(pid, int) or not alive(pid):
         return False
-    started = process_start(pid)
+    started = started_at(pid)
     try:
         run_started = datetime.fromisoformat(str(record.get("started"))).timestamp()
     except ValueError:
@@ -152,49 +111,22 @@ def repair_dead_owner_records(artifacts: Path, dry_run: bool = False) -> list[di
     return repaired
 
 
-def run_processes() -> list[RunProcess]:
-    """Every live process whose environment has ``BRINGUP_RUN_ID`` (one pass over /proc)."""
-    if not PROC.is_dir():
-        return []
-    prefix = f"{RUN_ENV}=".encode()
-    found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        run_id = next((v[len(prefix):].decode(errors="replace") for v in environ.split(b"\0") if v.startswith(prefix)), None)
-        fields = _stat_fields(int(entry.name))
-        if run_id and fields and fields[0] not in ("Z", "X"):
-            found.append(RunProcess(int(entry.name), int(fields[2]), run_id, cmdline))
-    return found
-
-
-def run_containers(client: Any) -> list[RunContainer]:
+def run_containers(docker: Docker) -> list[RunContainer]:
     """Every container (running or not) with a ``bringup.run_id`` label."""
-    found = []
-    for c in client.containers.list(all=True, filters={"label": LABEL_RUN}):
-        labels = c.labels or {}
-        found.append(RunContainer(c.id, c.name, labels.get(LABEL_RUN, ""), labels.get(LABEL_IMAGE, ""),
-                                  labels.get(LABEL_STAGE, ""), c.status))
-    return found
+    return [RunContainer(c.id, c.name, c.labels.get(LABEL_RUN, ""), c.labels.get(LABEL_IMAGE, ""), c.labels.get(LABEL_STAGE, ""),
+                         c.status) for c in docker.labelled(LABEL_RUN)]
 
 
-def docker_or_note() -> tuple[Any | None, str]:
-    """A docker client, or None and why there is none (containers are then not checked)."""
-    from bringup.docker.images import ImageError, docker_client
-
+def docker_or_note() -> tuple[Docker | None, str]:
+    """The docker daemon, or None and why there is none (containers are then not checked)."""
     try:
-        return docker_client(), ""
-    except ImageError as exc:
+        return Docker.connect(), ""
+    except DockerError as exc:
         return None, str(exc)
 
 
-def find_leftovers(artifacts: Path, client: Any | None, docker_note: str = "") -> Leftovers:
-    containers = run_containers(client) if client is not None else []
+def find_leftovers(artifacts: Path, docker: Docker | None, docker_note: str = "") -> Leftovers:
+    containers = run_containers(docker) if docker is not None else []
     return Leftovers(run_states(artifacts), run_processes(), containers, docker_note)
 
 
@@ -205,46 +137,27 @@ def kill_processes(targets: list[RunProcess], grace: float = 5.0) -> list[RunPro
     own_group = os.getpgrp()
     groups = {p.pgid for p in targets if p.pgid != own_group and set(group_members(p.pgid)) <= pids}
 
-    def send(sig: int) -> None:
-        for pgid in groups:
-            _quiet(os.killpg, pgid, sig)
-        for p in targets:
-            if p.pgid not in groups and alive(p.pid):
-                _quiet(os.kill, p.pid, sig)
-
     def survivors() -> list[RunProcess]:
         return [p for p in targets if alive(p.pid)]
 
-    send(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while survivors() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if survivors():
-        send(signal.SIGKILL)
-        deadline = time.monotonic() + grace
-        while survivors() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            signal_quietly(os.killpg, pgid, sig)
+        for p in targets:
+            if p.pgid not in groups and alive(p.pid):
+                signal_quietly(os.kill, p.pid, sig)
+        if wait_gone(lambda: [p.pid for p in survivors()], grace):
+            break
     return survivors()
 
 
-def _quiet(fn, *args) -> None:
-    try:
-        fn(*args)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def remove_containers(client: Any, targets: list[RunContainer]) -> list[tuple[RunContainer, str]]:
+def remove_containers(docker: Docker, targets: list[RunContainer]) -> list[tuple[RunContainer, str]]:
     """Force-remove the containers; returns those that could not be removed, with why."""
-    import docker.errors
-
     failed = []
     for c in targets:
         try:
-            client.containers.get(c.id).remove(force=True)
-        except docker.errors.NotFound:
-            continue
-        except docker.errors.DockerException as exc:
+            docker.remove(c.id)
+        except DockerError as exc:
             failed.append((c, str(exc)))
     return failed
 
@@ -255,10 +168,10 @@ def describe(item: RunProcess | RunContainer, state: str) -> str:
     return f"container {item.name} ({item.id[:12]}, {item.status}, run {item.run_id}, {state})"
 
 
-def clean(artifacts: Path, dry_run: bool = False, grace: float = 5.0, client: Any | None = None, docker_note: str = "") -> int:
+def clean(artifacts: Path, dry_run: bool = False, grace: float = 5.0, docker: Docker | None = None, docker_note: str = "") -> int:
     """``invoke clean``: sweep the leftovers of inactive runs. 0 when everything is gone, 1 when
     something could not be killed or removed."""
-    found = find_leftovers(artifacts, client, docker_note)
+    found = find_leftovers(artifacts, docker, docker_note)
     procs, containers = found.orphan_processes(), found.orphan_containers()
     verb = "would remove" if dry_run else "removing"
     for item in [*procs, *containers]:
@@ -266,14 +179,14 @@ def clean(artifacts: Path, dry_run: bool = False, grace: float = 5.0, client: An
     for item in found.unknown():
         print(f"left alone: {describe(item, UNKNOWN)}: no record under {runs_dir(artifacts)} "
               "(another checkout's run? run clean with its --artifacts, or remove it by hand)")
-    if client is None and docker_note:
+    if docker is None and docker_note:
         print(f"containers not checked: {docker_note}")
     if dry_run:
         for record in repair_dead_owner_records(artifacts, dry_run=True):
             print(f"would repair run record {record.get('run_id')}: its owner (pid {record.get('owner_pid')}) is gone")
         return 0
     stuck = kill_processes(procs, grace)
-    failed = remove_containers(client, containers) if client is not None and containers else []
+    failed = remove_containers(docker, containers) if docker is not None and containers else []
     for record in repair_dead_owner_records(artifacts):
         print(f"repaired run record {record.get('run_id')}: its owner (pid {record.get('owner_pid')}) is gone; now ended, interrupted")
     for p in stuck:
@@ -287,5 +200,5 @@ def clean(artifacts: Path, dry_run: bool = False, grace: float = 5.0, client: An
 
 def command(artifacts: str, dry_run: bool = False) -> int:
     """``invoke clean``: with docker when a daemon answers, processes only otherwise."""
-    client, note = docker_or_note()
-    return clean(Path(artifacts), dry_run=dry_run, client=client, docker_note=note)
+    docker, note = docker_or_note()
+    return clean(Path(artifacts), dry_run=dry_run, docker=docker, docker_note=note)

@@ -15,7 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STYLE = {"passed": "green", "cached": "cyan", "failed": "bold red"}
+from bringup.artifacts import CACHED, FAILED, INTERRUPTED, PASSED
+
+STYLE = {PASSED: "green", CACHED: "cyan", FAILED: "bold red", INTERRUPTED: "yellow"}
 
 
 @dataclass

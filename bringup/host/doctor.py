@@ -13,9 +13,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
+
+import psutil
 
 from bringup.config.matrix import load_matrix
+from bringup.docker.api import Docker
 from bringup.errors import ConfigError
 from bringup.host import clean
 from bringup.runners.records import RUN_ENV
@@ -25,6 +28,7 @@ GIB = 1 << 30
 DISK_WARN_GIB, DISK_FAIL_GIB = 20, 5
 SHM_WARN_GIB = 1
 NVIDIA_SMI_TIMEOUT = 30
+PROC = Path("/proc")  # cgroup files: where a process lives has no portable equivalent
 # A 64-hex container id after "/", "docker-", "cri-containerd-", "crio-" or "libpod-" in a cgroup path.
 CONTAINER_ID = re.compile(r"(?:^|/|docker-|cri-containerd-|crio-|libpod-)([0-9a-f]{64})(?:\.scope)?(?=/|$)")
 
@@ -58,7 +62,7 @@ class GpuProcess:
 
 def own_container() -> str | None:
     """The container doctor runs in (from its own cgroup file), or None on a host."""
-    return container_id_from_cgroup(_read(clean.PROC / "self" / "cgroup") or "")
+    return container_id_from_cgroup(_read(PROC / "self" / "cgroup") or "")
 
 
 def in_container() -> bool:
@@ -99,37 +103,23 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _environ_value(pid: int, key: str) -> str | None:
-    try:
-        environ = (clean.PROC / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
-    prefix = f"{key}=".encode()
-    return next((v[len(prefix):].decode(errors="replace") for v in environ.split(b"\0") if v.startswith(prefix)), None)
-
-
 def gpu_process(pid: int, used_mib: int | None, names: Callable[[str], str | None], own: str | None = None) -> GpuProcess:
     """Where ``pid`` lives: its container (by cgroup; ``own`` is doctor's own container, whose
     processes are local) and the run it belongs to."""
-    cgroup = _read(clean.PROC / str(pid) / "cgroup") or ""
+    cgroup = _read(PROC / str(pid) / "cgroup") or ""
     container = container_id_from_cgroup(cgroup)
     local = container is None or container == own
-    cmdline = (_read(clean.PROC / str(pid) / "cmdline") or "").replace("\0", " ").strip()
-    return GpuProcess(pid, used_mib, container, None if local else names(container), _environ_value(pid, RUN_ENV), cmdline, local)
+    try:
+        proc = psutil.Process(pid)
+        cmdline, run_id = " ".join(proc.cmdline()), proc.environ().get(RUN_ENV)
+    except psutil.Error:
+        cmdline, run_id = "", None
+    return GpuProcess(pid, used_mib, container, None if local else names(container), run_id, cmdline, local)
 
 
-def container_namer(client: Any | None) -> Callable[[str], str | None]:
-    """container id -> name through the docker SDK (None when unknown or without docker)."""
-
-    def name(container_id: str) -> str | None:
-        if client is None:
-            return None
-        try:
-            return client.containers.get(container_id).name
-        except Exception:  # noqa: BLE001 - a container that vanished or a daemon error: name unknown
-            return None
-
-    return name
+def container_namer(docker: Docker | None) -> Callable[[str], str | None]:
+    """container id -> name through the daemon (None when unknown or without docker)."""
+    return docker.container_name if docker is not None else (lambda container_id: None)
 
 
 def _nvidia_smi(args: list[str]) -> tuple[str | None, str]:
@@ -162,19 +152,19 @@ def check_versions() -> Check:
     return Check("python/torch/triton", OK, message)
 
 
-def check_docker(client: Any | None, note: str) -> Check:
-    if client is None:
+def check_docker(docker: Docker | None, note: str) -> Check:
+    if docker is None:
         return Check("docker daemon", WARN, note, "start dockerd (systemctl start docker); without it only local images run")
-    info = client.version()
+    info = docker.version()
     return Check("docker daemon", OK, f"docker {info.get('Version', '?')} (API {info.get('ApiVersion', '?')})")
 
 
-def check_nvidia_runtime(client: Any | None, has_gpus: bool) -> Check:
-    if client is None:
+def check_nvidia_runtime(docker: Docker | None, has_gpus: bool) -> Check:
+    if docker is None:
         return Check("nvidia runtime", SKIP, "no docker daemon")
     if not has_gpus:
         return Check("nvidia runtime", SKIP, "no NVIDIA GPU on this host")
-    runtimes = client.info().get("Runtimes") or {}
+    runtimes = docker.runtimes()
     cdi = any(Path(d).is_dir() and any(Path(d).glob("nvidia*")) for d in ("/etc/cdi", "/var/run/cdi"))
     if "nvidia" in runtimes or cdi:
         return Check("nvidia runtime", OK, "nvidia runtime registered" if "nvidia" in runtimes else "NVIDIA CDI spec present")
@@ -191,14 +181,14 @@ def check_gpus() -> tuple[Check, bool]:
                  "" if gpus else "check the driver: nvidia-smi -L"), bool(gpus)
 
 
-def check_gpu_holders(client: Any | None, leftovers: clean.Leftovers, has_gpus: bool) -> Check:
+def check_gpu_holders(docker: Docker | None, leftovers: clean.Leftovers, has_gpus: bool) -> Check:
     if not has_gpus:
         return Check("gpu holders", SKIP, "no NVIDIA GPU on this host")
     out, why = _nvidia_smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader"])
     if out is None:
         return Check("gpu holders", WARN, why, "run nvidia-smi by hand")
     own = own_container()
-    holders = [gpu_process(pid, mib, container_namer(client), own) for pid, mib in parse_compute_apps(out)]
+    holders = [gpu_process(pid, mib, container_namer(docker), own) for pid, mib in parse_compute_apps(out)]
     if not holders:
         return Check("gpu holders", OK, "no process holds GPU memory")
     lines, orphaned = [], False
@@ -310,25 +300,25 @@ def guarded(name: str, check: Callable[[], Check]) -> Check:
 
 def run_checks(artifacts: Path, matrix: Path) -> list[Check]:
     """Every check, in the order the report shows them."""
-    client, note = clean.docker_or_note()
+    docker, note = clean.docker_or_note()
     try:
-        leftovers = clean.find_leftovers(artifacts, client, note)
+        leftovers = clean.find_leftovers(artifacts, docker, note)
     except Exception as exc:  # noqa: BLE001 - e.g. the daemon went away between ping and list
         leftovers = clean.find_leftovers(artifacts, None, f"listing containers failed: {exc}")
     gpus, has_gpus = check_gpus()
     return [
         guarded("python/torch/triton", check_versions),
-        guarded("docker daemon", lambda: check_docker(client, note)),
-        guarded("nvidia runtime", lambda: check_nvidia_runtime(client, has_gpus)),
+        guarded("docker daemon", lambda: check_docker(docker, note)),
+        guarded("nvidia runtime", lambda: check_nvidia_runtime(docker, has_gpus)),
         gpus,
-        guarded("gpu holders", lambda: check_gpu_holders(client, leftovers, has_gpus)),
+        guarded("gpu holders", lambda: check_gpu_holders(docker, leftovers, has_gpus)),
         guarded("orphans", lambda: check_orphans(leftovers)),
         guarded("run records", lambda: check_run_records(artifacts)),
         guarded("disk /tmp", lambda: check_disk("disk /tmp", Path("/tmp"))),
         guarded("disk artifacts", lambda: check_disk("disk artifacts", artifacts.resolve())),
         guarded("/dev/shm", check_shm),
         guarded("infiniband", check_infiniband),
-        guarded("matrix", lambda: check_matrix(matrix, client is not None, has_gpus)),
+        guarded("matrix", lambda: check_matrix(matrix, docker is not None, has_gpus)),
     ]
 
 

@@ -19,6 +19,8 @@ from bringup.artifacts import (
     FAILED,
     INTERRUPTED,
     PASSED,
+    PIPELINE_STAGES,
+    SKIPPED,
     clear_output,
     header,
     image_dir,
@@ -31,15 +33,15 @@ from bringup.artifacts import (
 from bringup.config.matrix import Image, Matrix
 from bringup.config.model_inputs import MODEL_FIELDS
 from bringup.docker import images
+from bringup.docker.api import Docker, DockerError
 from bringup.host.display import Display, Outcome
 from bringup.host.locks import stage_lock
 from bringup.host.stage_inputs import build_recipes, env_recipes, inputs_hash, local_identity, model_mounts, stage_inputs
 from bringup.paths import REPO, shown, vendor_dir
-from bringup.runners import Mount, RunRequest, RunResult
+from bringup.runners.base import Mount, Runner, RunRequest, RunResult
+from bringup.runners.docker import DockerRunner
+from bringup.runners.local import LocalRunner
 from bringup.runners.records import new_run_id
-
-STAGE_ORDER = ("env", "build", "verify", "ab", "e2e")
-SKIPPED = "skipped"
 
 
 class Interrupted(Exception):
@@ -64,17 +66,17 @@ class Pipeline:
     def __init__(self, options: Options):
         self.options = options
         self.outcomes: list[Outcome] = []
-        self._docker: Any = None
+        self._docker: Docker | None = None
 
-    def docker(self) -> Any:
+    def docker(self) -> Docker:
         if self._docker is None:
-            self._docker = images.docker_client()
+            self._docker = Docker.connect()
         return self._docker
 
     def run_all(self, image_name: str) -> None:
         """env -> build -> verify -> ab -> e2e (-> peer, for an image with a peer); a failed env
         stops the rest (they would run on a broken image)."""
-        stages = STAGE_ORDER + (("peer",) if self.options.matrix.image(image_name).peer else ())
+        stages = PIPELINE_STAGES + (("peer",) if self.options.matrix.image(image_name).peer else ())
         for i, stage in enumerate(stages):
             outcome = self.run(stage, image_name)
             if stage == "env" and outcome.status == FAILED:
@@ -99,7 +101,7 @@ class Pipeline:
         try:
             ref, identity = self._image(image, stage, env_record)
             exported = self._reference_folders(image) if stage == "env" else {}
-        except images.ImageError as exc:
+        except DockerError as exc:
             return self._record_failure(stage, image, run_id, "", utc_now(), str(exc), 0.0)
         inputs = stage_inputs(stage, image, o.matrix, identity, upstream, self._world_size(image))
         digest = inputs_hash(inputs)
@@ -118,13 +120,13 @@ class Pipeline:
             cwd=REPO, log_path=stage_log(o.artifacts, image.name, stage), artifacts=o.artifacts,
             timeout=o.timeout or o.matrix.settings.timeouts[stage],
             allowlists=[image.env] + [r[key] for r, key in ((env_record, "env"), (build_record, "exports")) if r and r.get(key)],
-            mounts=self._mounts(stage, image, exported), keep=o.keep, docker_ref=ref, gpus=image.gpus,
-            commit_to=f"bringup-env/{image.name}:{digest[:12]}" if stage == "env" and env_recipes(image, o.matrix) else None,
+            mounts=self._mounts(stage, image, exported),
         )
+        commit_to = f"bringup-env/{image.name}:{digest[:12]}" if stage == "env" and env_recipes(image, o.matrix) else None
         o.display.note(f"{stage} {image.name}: running (run {run_id}, timeout {request.timeout:g} s)")
         with o.display.progress(f"{stage} {image.name}"):
-            result = self._runner(image)(request)
-        outcome = self._finish(stage, image, run_id, digest, started, result, record_file, request.commit_to)
+            result = self._runner(image, ref, commit_to).run(request)
+        outcome = self._finish(stage, image, run_id, digest, started, result, record_file, commit_to)
         if result.status == INTERRUPTED:
             raise Interrupted(f"{stage} {image.name}: {result.detail}")
         return outcome
@@ -133,23 +135,19 @@ class Pipeline:
         """The docker reference to run (None for local) and the image's identity."""
         if image.runner == "local":
             return None, local_identity()
-        client = self.docker()
+        docker = self.docker()
         if stage != "env" and env_record and env_record.get("image_ref"):
             ref = env_record["image_ref"]
-            if not images.exists(client, ref):
+            if not docker.exists(ref):
                 raise images.ImageError(f"the env image {ref} is gone; rerun: invoke env --image {image.name} --force")
         else:
-            ref = images.ensure_image(client, image, self.options.display.line)
-        return ref, images.image_id(client, ref)
+            ref = images.ensure_image(docker, image, self.options.display.line)
+        return ref, docker.image_id(ref)
 
-    def _runner(self, image: Image):
+    def _runner(self, image: Image, ref: str | None, commit_to: str | None) -> Runner:
         if image.runner == "local":
-            from bringup.runners import local
-
-            return lambda request: local.run(request, self.options.display.line)
-        from bringup.runners import docker
-
-        return lambda request: docker.run(request, self.options.display.line, self.docker())
+            return LocalRunner(self.options.display.line)
+        return DockerRunner(self.options.display.line, self.docker(), ref, image.gpus, self.options.keep, commit_to)
 
     def _spec(self, stage: str, image: Image, run_id: str, digest: str, out: Path, exported: dict) -> dict[str, Any]:
         m = self.options.matrix
@@ -194,7 +192,7 @@ class Pipeline:
         if not record or record.get("inputs_hash") != digest or record.get("status") not in (PASSED, CACHED):
             return False
         if stage == "env" and record.get("image_ref"):
-            return images.exists(self.docker(), record["image_ref"])
+            return self.docker().exists(record["image_ref"])
         if stage == "build":
             return all((Path(t.get("source") or REPO) / so).exists() for t in record.get("targets", []) for so in t.get("so_files", []))
         return True

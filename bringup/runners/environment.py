@@ -45,8 +45,3 @@ def stage_environment(base: Mapping[str, str], allowlists: list[Mapping[str, str
 
 def local_base(host: Mapping[str, str]) -> dict[str, str]:
     return {k: host[k] for k in LOCAL_BASE if k in host}
-
-
-def parse_env_list(entries: list[str] | None) -> dict[str, str]:
-    """Docker's ``["KEY=value", ...]`` as a dict."""
-    return dict(e.split("=", 1) for e in entries or [] if "=" in e)

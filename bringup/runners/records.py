@@ -21,11 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bringup.artifacts import INTERRUPTED, utc_now, write_json
+from bringup.artifacts import RUNNING, utc_now, write_json
 
 RUN_ENV = "BRINGUP_RUN_ID"
-LABEL_RUN, LABEL_IMAGE, LABEL_STAGE = "bringup.run_id", "bringup.image", "bringup.stages"
-RUNNING, TIMEOUT = "running", "timeout"
+LABEL_RUN, LABEL_IMAGE, LABEL_STAGE = "bringup.run_id", "bringup.image", "bringup.stage"
 
 
 def new_run_id(image: str, stage: str) -> str:

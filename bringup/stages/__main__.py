@@ -16,10 +16,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from bringup.artifacts import FAILED, INTERRUPTED, PASSED, RECORD_FILES, header, utc_now, write_json
+from bringup.artifacts import FAILED, INTERRUPTED, PASSED, RECORD_FILES, STAGES, header, utc_now, write_json
 from bringup.stages.support import interrupts
 
-STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
 INTERRUPTED_EXIT = 130
 
 

@@ -20,9 +20,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from bringup.artifacts import PASSED
 from bringup.stages.support.layers import normalize
 
-PASSED = "passed"
 COMPONENTS = ("torch", "triton", "cuda", "nccl")
 _COMPARE: dict[str, Callable[[tuple, tuple], bool]] = {
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b, ">=": lambda a, b: a >= b,
