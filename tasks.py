@@ -1,7 +1,8 @@
 """Invoke tasks. Thin wrappers: the logic lives in the bringup, engine and kernels packages.
 
-Every pipeline task passes an argv list to ``bringup.cli.main`` (``python -m bringup``), which
-prints ``error: ...`` and exits 2 on a bad matrix or recipe, and a summary table at the end.
+The stage tasks hand their values to ``bringup.cli`` (:class:`bringup.cli.StageRequest`, whose
+options and help are declared once in ``bringup.cli.OPTIONS``), which prints ``error: ...`` and
+exits 2 on a bad value, matrix or recipe, and a summary table at the end.
 """
 
 from __future__ import annotations
@@ -12,14 +13,9 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-STAGE_HELP = {
-    "image": "matrix image (default: local)",
-    "matrix": "matrix file (default: the project's matrix.yaml, from any folder)",
-    "artifacts": "artifacts folder (default: the project's artifacts/)",
-    "force": "rerun even when the inputs are unchanged",
-    "keep": "docker images: keep the stage's container for debugging",
-    "timeout": "seconds per stage, > 0 (default: the matrix's settings.timeouts)",
-}
+from bringup import cli
+
+STAGE_PARAMS = ("image", "matrix", "artifacts", "force", "keep", "timeout")
 
 
 def _exit(code: int) -> None:
@@ -27,31 +23,18 @@ def _exit(code: int) -> None:
         raise Exit(code=code)
 
 
+def _stage(command: str, values: dict) -> None:
+    """Run ``command`` with a task's parameter values (empty or None: not given)."""
+    _exit(cli.guarded(lambda: cli.run_stages(cli.StageRequest.read(command, values))))
+
+
 def _matrix(matrix: str) -> str:
     """The matrix file given, else the project's (wherever invoke runs from)."""
-    from bringup.paths import DEFAULT_MATRIX
-
-    return matrix or str(DEFAULT_MATRIX)
+    return matrix or str(cli.DEFAULT_MATRIX)
 
 
 def _artifacts(artifacts: str) -> str:
-    from bringup.paths import DEFAULT_ARTIFACTS
-
-    return artifacts or str(DEFAULT_ARTIFACTS)
-
-
-def _pipeline(command: str, image: str, matrix: str, artifacts: str, force: bool, keep: bool, timeout: str | None,
-              world_size: str | None = None, model: str = "", prompts: str = "", answer_key: str = "") -> None:
-    from bringup.cli import main
-
-    argv = [command, "--image", image, "--matrix", _matrix(matrix), "--artifacts", _artifacts(artifacts)]
-    argv += ["--force"] if force else []
-    argv += ["--keep"] if keep else []
-    argv += ["--timeout", str(timeout)] if timeout is not None else []
-    argv += ["--world-size", str(world_size)] if world_size is not None else []
-    for flag, value in (("--model", model), ("--prompts", prompts), ("--answer-key", answer_key)):
-        argv += [flag, value] if value else []
-    _exit(main(argv))
+    return artifacts or str(cli.DEFAULT_ARTIFACTS)
 
 
 @task(help={"k": "pytest -k expression", "m": "pytest -m marker expression", "x": "stop at the first failure"})
@@ -64,62 +47,54 @@ def test(c, k="", m="", x=False):
     _exit(subprocess.call(argv, cwd=Path(__file__).resolve().parent))
 
 
-@task(help=STAGE_HELP)
+@task(help=cli.help_for("env"))
 def env(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """env stage: probe versions, apply the image's env recipes, guard torch/triton/NCCL."""
-    _pipeline("env", image, matrix, artifacts, force, keep, timeout)
+    _stage("env", locals())
 
 
-@task(help=STAGE_HELP)
+@task(help=cli.help_for("build"))
 def build(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """build stage: build the image's build recipes against its own torch, ABI-check the .so files."""
-    _pipeline("build", image, matrix, artifacts, force, keep, timeout)
+    _stage("build", locals())
 
 
-@task(help=STAGE_HELP)
+@task(help=cli.help_for("verify"))
 def verify(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """verify stage: imports, ops self-check, import with optional packages blocked, Triton probe."""
-    _pipeline("verify", image, matrix, artifacts, force, keep, timeout)
+    _stage("verify", locals())
 
 
-E2E_HELP = {**STAGE_HELP, "world_size": "ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)",
-            "model": "checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)",
-            "prompts": "prompt file: .json, .jsonl or one prompt per line (default: the matrix's, else the answer key's)",
-            "answer_key": "answer key to score with (default: the matrix's, else the model's answer_key.json, if any)"}
-
-
-@task(help=E2E_HELP)
+@task(help=cli.help_for("e2e"))
 def e2e(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, world_size=None,
         model="", prompts="", answer_key=""):
     """e2e stage: N ranks generate for the prompts (default: the tiny checkpoint's answer key); tokens per rank and answers."""
-    _pipeline("e2e", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
+    _stage("e2e", locals())
 
 
-@task(help=STAGE_HELP)
+@task(help=cli.help_for("peer"))
 def peer(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """peer stage: vLLM on the e2e stage's model and prompts, compared with our engine's tokens (matrix: peer)."""
-    _pipeline("peer", image, matrix, artifacts, force, keep, timeout)
+    _stage("peer", locals())
 
 
-@task(name="all", help=E2E_HELP)
+@task(name="all", help=cli.help_for("all"))
 def all_stages(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None,
                world_size=None, model="", prompts="", answer_key=""):
     """env -> build -> verify -> ab (with its dump) -> e2e (-> peer, for an image with one) for one image."""
-    _pipeline("all", image, matrix, artifacts, force, keep, timeout, world_size, model, prompts, answer_key)
+    _stage("all", locals())
 
 
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",
             "matrix": "matrix file (default: matrix.yaml)", "force": "rebuild even when the tag exists"})
 def image(c, name, matrix="", force=False):
     """Make a docker image: an offline base (debootstrap -> docker import) or a matrix image."""
-    from bringup.cli import main
-
-    _exit(main(["image", "--name", name, "--matrix", _matrix(matrix)] + (["--force"] if force else [])))
+    _exit(cli.main(["image", "--name", name, "--matrix", _matrix(matrix)] + (["--force"] if force else [])))
 
 
 @task(help={"ops": "op names or globs", "backend": "backend to test", "quick": "small shapes",
             "dump": "save outputs into DIR", "compare": "compare with the dump in DIR", "json": "write results as JSON",
-            **{k: f"{v} (the ab stage: with --image)" for k, v in STAGE_HELP.items()}})
+            **{k: f"{v} (the ab stage: with --image)" for k, v in cli.help_for("ab").items()}})
 def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
        image="", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """A/B every op's backend against its torch reference.
@@ -134,7 +109,7 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
             print(f"error: {', '.join(direct)}: only for the direct A/B run (without --image); the ab stage always "
                   f"dumps into {_artifacts(artifacts)}/{image}/ab/", file=sys.stderr)
             raise Exit(code=2)
-        _pipeline("ab", image, matrix, artifacts, force, keep, timeout)
+        _stage("ab", {name: value for name, value in locals().items() if name in STAGE_PARAMS})
         return
     from kernels.ab import main
 
@@ -148,7 +123,7 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
 @task(help={"images": "comma-separated images (default: every matrix image with artifacts; one may repeat)",
             "reference": "image to diff against (default: the matrix's reference)",
             "near_tie_margin": "top-2 margin under which a token divergence is a near-tie (default: the matrix's settings.diff)",
-            "matrix": STAGE_HELP["matrix"], "artifacts": STAGE_HELP["artifacts"]})
+            "matrix": cli.help_for("env")["matrix"], "artifacts": cli.help_for("env")["artifacts"]})
 def diff(c, images="", reference="", near_tie_margin="", matrix="", artifacts=""):
     """Diff images against the reference: versions, builds, kernel dumps, tokens, fallbacks (<artifacts>/diff/)."""
     from bringup.diff.run import command
@@ -156,27 +131,27 @@ def diff(c, images="", reference="", near_tie_margin="", matrix="", artifacts=""
     _exit(command(_matrix(matrix), _artifacts(artifacts), images, reference, near_tie_margin))
 
 
-@task(help={"artifacts": STAGE_HELP["artifacts"], "matrix": STAGE_HELP["matrix"]})
+@task(help={"artifacts": cli.help_for("env")["artifacts"], "matrix": cli.help_for("env")["matrix"]})
 def doctor(c, artifacts="", matrix=""):
     """Check this host: docker, NVIDIA runtime, GPU holders, leftovers of earlier runs, disk, /dev/shm, IB, versions."""
-    from bringup.doctor import command
+    from bringup.host.doctor import command
 
     _exit(command(_artifacts(artifacts), _matrix(matrix)))
 
 
-@task(help={"artifacts": STAGE_HELP["artifacts"], "dry_run": "only list what would be removed"})
+@task(help={"artifacts": cli.help_for("env")["artifacts"], "dry_run": "only list what would be removed"})
 def clean(c, artifacts="", dry_run=False):
     """Kill leftover processes and remove labelled containers of runs that are no longer active."""
-    from bringup.clean import command
+    from bringup.host.clean import command
 
     _exit(command(_artifacts(artifacts), dry_run))
 
 
 @task(name="matrix", help={"json": "print the GitHub Actions matrix as one JSON line",
-                           "images": "comma-separated docker images (default: all)", "matrix": STAGE_HELP["matrix"]})
+                           "images": "comma-separated docker images (default: all)", "matrix": cli.help_for("env")["matrix"]})
 def ci_matrix(c, json=False, images="", matrix=""):
     """The CI matrix: one job per docker image ({"include": [...]}, used by .github/workflows/bringup.yml)."""
-    from bringup.ci import command
+    from bringup.host.ci import command
 
     _exit(command(_matrix(matrix), images, json))
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from bringup.config.matrix import DiffSettings
 from bringup.diff.tokens import IDENTICAL, compare_generations, read_generations
-from bringup.matrix import DiffSettings
 
 from . import harness, model
 from .harness import Row

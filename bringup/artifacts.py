@@ -11,7 +11,7 @@ image's Python.
     artifacts/<image>/e2e/report.json            e2e stage (+ e2e/tokens.jsonl, e2e/rank<i>.log)
     artifacts/<image>/peer/report.json           peer stage (+ peer/<case>/<run>/tokens.jsonl, see bringup.peer)
     artifacts/<image>/logs/<stage>.log           each stage's output
-    artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runs)
+    artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runners.records)
 
 Every stage JSON starts with the keys of :func:`header`.
 """
@@ -28,9 +28,16 @@ from common.files import read_json, write_bytes, write_json, write_text
 __all__ = ["read_json", "utc_now", "write_bytes", "write_json", "write_text"]  # the stages' writers
 
 SCHEMA = 1
-PASSED, FAILED, CACHED, INTERRUPTED = "passed", "failed", "cached", "interrupted"
+# Every stage, once: ``invoke all`` runs PIPELINE_STAGES in order, then ``peer`` for an image with one.
+STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
+PIPELINE_STAGES = STAGES[:5]
 RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
                 "e2e": "e2e/report.json", "peer": "peer/report.json"}
+# Every status a record says, once. Stages: passed, failed, interrupted (cached: reused, skipped:
+# not run after a failed env); build targets and smoke tests also blocked (a prerequisite is
+# missing) or skipped; run records: running until they end, or timeout.
+PASSED, FAILED, CACHED, INTERRUPTED = "passed", "failed", "cached", "interrupted"
+SKIPPED, BLOCKED, RUNNING, TIMEOUT = "skipped", "blocked", "running", "timeout"
 
 
 def image_dir(artifacts: Path, image: str) -> Path:

@@ -35,5 +35,5 @@ code=${PIPESTATUS[0]}
 cp "$ARTIFACTS/$IMAGE/build.json" "$OUT/" 2>/dev/null
 cp "$ARTIFACTS/$IMAGE"/logs/build-*.log "$OUT/" 2>/dev/null
 echo
-$PY -m bringup.build_report "$ARTIFACTS/$IMAGE/build.json" --env-file "$OUT/vendor.env"
+$PY -m bringup.host.build_report "$ARTIFACTS/$IMAGE/build.json" --env-file "$OUT/vendor.env"
 exit "$code"

@@ -117,8 +117,9 @@ def test_the_ab_stage_dumps_every_available_backend(stage_artifacts):
 
 @pytest.mark.slow
 def test_the_diff_compares_backends_within_and_across_images(stage_artifacts, tmp_path):
-    from bringup.diff import collect, run_diff
     from test_diff import _max_rel
+
+    from bringup.diff import collect, run_diff
 
     artifacts = tmp_path / "artifacts"
     shutil.copytree(stage_artifacts / "local", artifacts / "local")

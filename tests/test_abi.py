@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from bringup.stages.abi import TorchInstall, abi_message, check_abi
-from bringup.stages.elf import TORCH_SYMBOL
 from fixtures.vendor_build import IMAGE, build_fixture, run_build, second_torch
+
+from bringup.stages.support.abi import TorchInstall, abi_message, check_abi
+from bringup.stages.support.elf import TORCH_SYMBOL
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None or shutil.which("nm") is None, reason="needs c++ and nm")
 
@@ -29,7 +29,7 @@ def built(tmp_path_factory):
 
 
 def nm(path: Path, which: str) -> set[str]:
-    """binutils' view of the dynamic symbols (an oracle independent of bringup.stages.elf)."""
+    """binutils' view of the dynamic symbols (an oracle independent of bringup.stages.support.elf)."""
     out = subprocess.run(["nm", "-D", f"--{which}-only", str(path)], capture_output=True, text=True, check=True).stdout
     return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
 

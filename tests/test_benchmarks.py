@@ -140,10 +140,10 @@ def test_fp8_copy_of_a_checkpoint_quantizes_the_aligned_projections_and_loads(tm
     """benchmarks.model.fp8_checkpoint on a small random checkpoint with 128-multiple projections
     (and some that are not): the chosen weights become FP8 codes whose dequantization is the
     original within one e4m3 step, the rest is untouched, and the engine loads and runs the copy."""
+    from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
     from safetensors.torch import load_file
 
     from engine import LLM, SamplingParams
-    from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
     from kernels.ops.quant import weight_dequant_reference
 
     config = tiny_config(hidden_size=128, intermediate_size=256, moe_intermediate_size=96, q_lora_rank=128,

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from invoke import Collection
 
-from bringup.ci import ci_matrix, runner_labels
+from bringup.config.matrix import load_matrix
 from bringup.errors import ConfigError
-from bringup.matrix import load_matrix
+from bringup.host.ci import ci_matrix, runner_labels
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO / ".github" / "workflows" / "bringup.yml"

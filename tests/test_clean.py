@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bringup import clean
-from bringup.runs import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV
+from bringup.host import clean
+from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE, RUN_ENV
 
 
 def _now() -> str:
@@ -126,9 +126,11 @@ def _scratch_image(client) -> str:
 
 @pytest.mark.docker
 def test_clean_removes_containers_of_inactive_runs_only(tmp_path):
-    from bringup.images import docker_client
+    import docker
 
-    client = docker_client()
+    from bringup.docker.api import Docker
+
+    client = docker.from_env()
     tag = _scratch_image(client)
     write_record(tmp_path, "c-ended", os.getpid(), ended=True)
     write_record(tmp_path, "c-active", os.getpid(), ended=False)
@@ -138,9 +140,9 @@ def test_clean_removes_containers_of_inactive_runs_only(tmp_path):
             name = f"bringup-test-{run_id}-{os.getpid()}"
             made[run_id] = client.containers.create(tag, ["/marker"], name=name,
                                                      labels={LABEL_RUN: run_id, LABEL_IMAGE: "local", LABEL_STAGE: "e2e"})
-        found = {c.run_id for c in clean.run_containers(client)}
+        found = {c.run_id for c in clean.run_containers(Docker(client))}
         assert set(made) <= found
-        assert clean.clean(tmp_path, client=client) == 0
+        assert clean.clean(tmp_path, docker=Docker(client)) == 0
         remaining = {c.name for c in client.containers.list(all=True, filters={"label": LABEL_RUN})}
         assert made["c-ended"].name not in remaining
         assert made["c-active"].name in remaining and made["c-nowhere"].name in remaining

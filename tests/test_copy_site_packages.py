@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bringup.stages.common import site_packages
-from bringup.stages.env_steps import APPLIED, UNCHANGED, EnvContext, copy_site_packages
+from bringup.stages.support.common import site_packages
+from bringup.stages.support.env_steps import APPLIED, UNCHANGED, EnvContext, copy_site_packages
 
 REPO = Path(__file__).resolve().parent.parent
 PILLOW_OLD, PILLOW_IMAGE, PYZMQ = "11.3.0", "12.3.0", "27.2.0"
@@ -105,12 +105,15 @@ def test_a_replaced_distribution_is_complete_and_leaves_nothing_behind(tmp_path,
 @pytest.mark.docker
 def test_copy_from_another_docker_images_site_packages(tmp_path, wheels, monkeypatch):
     """The env stage of an image copies PyYAML (imported as yaml) out of the stock-cpu stand-in."""
-    from bringup.images import docker_client, ensure_image
-    from bringup.matrix import load_matrix
+    import docker
+
+    from bringup.config.matrix import load_matrix
+    from bringup.docker.api import Docker
+    from bringup.docker.images import ensure_image
 
     monkeypatch.setenv("BRINGUP_CACHE", str(tmp_path / "cache"))
-    client = docker_client()
-    standin = ensure_image(client, load_matrix(REPO / "matrix.yaml").image("stock-cpu"), print)
+    client = docker.from_env()
+    standin = ensure_image(Docker(client), load_matrix(REPO / "matrix.yaml").image("stock-cpu"), print)
     folder = "/usr/local/lib/python3.11/dist-packages"
     version = client.containers.run(standin, ["python3", "-c", "import yaml; print(yaml.__version__)"], remove=True).decode().strip()
     python, site = venv_with(tmp_path, wheels)

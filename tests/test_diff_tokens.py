@@ -8,8 +8,17 @@ import random
 import pytest
 
 from bringup.diff.inputs import UnusableInput
-from bringup.diff.tokens import (IDENTICAL, MISMATCH, NEAR_TIE, REAL, Generation, classify, compare_generations,
-                                 first_divergence, read_generations)
+from bringup.diff.tokens import (
+    IDENTICAL,
+    MISMATCH,
+    NEAR_TIE,
+    REAL,
+    Generation,
+    classify,
+    compare_generations,
+    first_divergence,
+    read_generations,
+)
 
 
 def _generation(rng: random.Random, index: int, length: int, prompt: str | None = None, rank: int = 0) -> Generation:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bringup.display import Display
-from bringup.matrix import load_matrix
-from bringup.pipeline import Options, Pipeline
-from bringup.runs import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE
+from bringup.config.matrix import load_matrix
+from bringup.host.display import Display
+from bringup.host.pipeline import Options, Pipeline
+from bringup.runners.records import LABEL_IMAGE, LABEL_RUN, LABEL_STAGE
 
 pytestmark = pytest.mark.docker
 
@@ -28,11 +28,14 @@ MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
 
 @pytest.fixture(scope="module")
 def client():
-    from bringup.images import build_offline, docker_client
-    from bringup.offline_recipe import load_offline_recipe
+    import docker
 
-    client = docker_client()
-    build_offline(client, load_offline_recipe("base"), print)
+    from bringup.docker.api import Docker
+    from bringup.docker.images import build_offline
+    from bringup.docker.offline_base import load_offline_recipe
+
+    client = docker.from_env()
+    build_offline(Docker(client), load_offline_recipe("base"), print)
     return client
 
 

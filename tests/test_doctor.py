@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from bringup import doctor
 from test_clean import _wait_for, start, write_record
+
+from bringup.host import doctor
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_a_holder_in_another_container_is_named_and_one_in_doctors_own_is_local(
         (proc_root / str(pid) / "cmdline").write_bytes(b"python\0serve.py\0")
     (proc_root / "self").mkdir()
     (proc_root / "self" / "cgroup").write_text(f"4:memory:/docker/{mine}\n0::/\n")
-    monkeypatch.setattr(doctor.clean, "PROC", proc_root)
+    monkeypatch.setattr(doctor, "PROC", proc_root)
     assert doctor.own_container() == mine and doctor.in_container()
     names = {theirs: "colleague"}.get
     labels = [doctor.gpu_process(pid, 1, names, doctor.own_container()).where() for pid in (101, 202, 303)]
@@ -95,7 +95,7 @@ def _fake_nvidia_smi(folder: Path, gpus: str, apps: str) -> None:
 
 
 def test_gpu_held_by_an_orphan_fails_with_the_clean_hint(tmp_path, procs, monkeypatch):
-    from bringup import clean
+    from bringup.host import clean
 
     artifacts = tmp_path / "artifacts"
     write_record(artifacts, "r-ended", os.getpid(), ended=True)

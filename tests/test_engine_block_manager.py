@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence
-from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 
 BS = 4
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 
 from engine import LLM, SamplingParams
 from engine.tokenizer import ByteTokenizer, HFTokenizer
-from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, ModelConfig
 from engine.loader import LoadError
-from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
 
 DEEPSEEK_V3 = {  # the fields of DeepSeek-V3's own config.json that the engine reads
     "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,

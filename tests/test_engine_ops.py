@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_checkpoints import torch_backend_one_thread
 
 from kernels.ops import act, attn, experts, kv
 from kernels.ops.gemm import fp8_block_reference
 from kernels.ops.quant import act_quant_reference, quantize_weight
-
-from engine_checkpoints import torch_backend_one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")

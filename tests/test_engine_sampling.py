@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config, torch_backend_one_thread
 
 from engine import LLM, SamplingParams
-from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config, torch_backend_one_thread
 
 
 @pytest.fixture(scope="module")

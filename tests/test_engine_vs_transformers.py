@@ -19,11 +19,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_checkpoints import (
+    YARN,
+    fp8_checkpoint,
+    oracle_logits,
+    random_model,
+    rel_err,
+    routing_margins,
+    run_steps,
+    save_checkpoint,
+    tiny_config,
+    torch_backend_one_thread,
+)
 
 from engine import LLM, SamplingParams
 from kernels import registry
-from engine_checkpoints import (YARN, fp8_checkpoint, oracle_logits, random_model, rel_err, routing_margins, run_steps,
-                                save_checkpoint, tiny_config, torch_backend_one_thread)
 
 STEPS = 32
 FP32_RTOL = 1e-4

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_checkpoints import rel_err
+
 from kernels.cases import generator
 from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
 from kernels.ops.experts import fused_experts_reference
@@ -235,8 +235,9 @@ def test_store_accepts_strided_rows_and_rejects_a_missing_scale():
 
 
 def test_engine_on_triton_kernels_matches_the_torch_backend(tmp_path, monkeypatch):
-    from engine import LLM, SamplingParams
     from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config
+
+    from engine import LLM, SamplingParams
     from kernels import registry
 
     ckpt = save_checkpoint(random_model(tiny_config(), seed=3), tmp_path / "ckpt")

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from bringup.config.matrix import load_matrix
+from bringup.config.recipes import load_recipes
+from bringup.docker.image_spec import BAKE_CODE, bake_plan, context_identity, load_image_spec
+from bringup.docker.images import staged_context
 from bringup.errors import ConfigError
-from bringup.image_spec import BAKE_CODE, bake_plan, context_identity, load_image_spec
-from bringup.images import staged_context
-from bringup.matrix import load_matrix
 from bringup.paths import shown
-from bringup.recipes import load_recipes
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.yaml")
@@ -54,7 +54,7 @@ def test_dockerfile_builds_from_its_base_and_copies_only_what_the_context_holds(
             for source in words[:-1]:
                 assert source.rstrip("/") in context, f"{image.dockerfile}: COPY {source}: not in the staged context"
     runs = " ".join(args for kind, args in steps if kind == "RUN")
-    assert ("python3 -m bringup.stages.bake bake.json" in runs) == bool(spec.bake)
+    assert ("python3 -m bringup.stages.support.bake bake.json" in runs) == bool(spec.bake)
     assert ("--no-index --find-links /tmp/bringup/wheels" in runs) == bool(spec.wheels)
 
 
@@ -153,7 +153,7 @@ def bake_in(tmp_path: Path, steps: str) -> tuple[subprocess.CompletedProcess, Pa
     with staged_context(spec, print) as context:
         assert sorted(p.relative_to(context / "bake").as_posix() for p in (context / "bake").rglob("*.py")) == sorted(BAKE_CODE)
         env = {"PATH": f"{tools}{os.pathsep}{tmp_path / 'links'}", "HOME": str(tmp_path)}
-        proc = subprocess.run(["python3", "-m", "bringup.stages.bake", "bake.json"], cwd=context / "bake", env=env,
+        proc = subprocess.run(["python3", "-m", "bringup.stages.support.bake", "bake.json"], cwd=context / "bake", env=env,
                               capture_output=True, text=True, timeout=300)
     return proc, tools
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bringup.matrix import load_matrix
+from bringup.config.matrix import load_matrix
+from bringup.docker.api import Docker
 
 pytestmark = pytest.mark.docker
 
@@ -24,16 +25,16 @@ VERSIONS = ("import json, importlib.metadata as md\n"
 
 @pytest.fixture(scope="module")
 def client():
-    from bringup.images import docker_client
+    import docker
 
-    return docker_client()
+    return docker.from_env()
 
 
 @pytest.fixture(scope="module")
 def tags(client):
-    from bringup.images import ensure_image
+    from bringup.docker.images import ensure_image
 
-    return {name: ensure_image(client, MATRIX.image(name), print) for name in STANDINS}
+    return {name: ensure_image(Docker(client), MATRIX.image(name), print) for name in STANDINS}
 
 
 def run(client, tag: str, code: str, **env: str) -> str:

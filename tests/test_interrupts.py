@@ -98,7 +98,7 @@ def test_sigkill_of_the_pipeline_stops_the_stage_and_ranks_and_clean_repairs_the
     stale = run_record(tmp_path)
     assert stale["status"] == "running" and stale["ended"] is None  # nobody was left to end it
 
-    from bringup import clean, doctor
+    from bringup.host import clean, doctor
 
     check = doctor.check_run_records(tmp_path)
     assert check.status == doctor.WARN and run_id in check.message and "repaired" in check.message
@@ -109,8 +109,8 @@ def test_sigkill_of_the_pipeline_stops_the_stage_and_ranks_and_clean_repairs_the
 
 
 def test_clean_repairs_a_dead_owners_record(tmp_path, capsys):
-    from bringup import clean
-    from bringup.runs import RunRecord
+    from bringup.host import clean
+    from bringup.runners.records import RunRecord
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bringup.cli import main
+from bringup.config.matrix import EXPECT_KEYS, load_matrix
 from bringup.errors import ConfigError
-from bringup.matrix import EXPECT_KEYS, load_matrix
 from bringup.paths import shown
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bringup.config.matrix import load_matrix
 from bringup.errors import ConfigError
-from bringup.matrix import load_matrix
 from engine.tiny.portable import make_portable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def test_e2e_runs_the_users_model_and_scores_only_with_a_key(tmp_path, model_dir
 
 
 def test_only_the_e2e_and_peer_stages_depend_on_the_model_inputs(tmp_path, model_dir):
-    from bringup.inputs import inputs_hash, stage_inputs
+    from bringup.host.stage_inputs import inputs_hash, stage_inputs
 
     prompts = tmp_path / "prompts.txt"
 

@@ -11,8 +11,16 @@ import shutil
 import pytest
 
 from engine.tiny import CHECKPOINT_DIR, answer_key, dataset
-from engine.tiny.portable import (BOS, DEEPSEEK_V3_KEYS, PortableError, byte_offset, byte_tokenizer, make_portable,
-                                  portable_config, special_tokens)
+from engine.tiny.portable import (
+    BOS,
+    DEEPSEEK_V3_KEYS,
+    PortableError,
+    byte_offset,
+    byte_tokenizer,
+    make_portable,
+    portable_config,
+    special_tokens,
+)
 from engine.tokenizer import ByteTokenizer, HFTokenizer
 
 pytest.importorskip("tokenizers")
@@ -109,10 +117,10 @@ def test_make_portable_names_the_config_it_cannot_use(tmp_path):
 def test_the_mla_sizes_checkpoint_is_reproducible_and_our_engine_agrees_with_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
+    from engine_checkpoints import torch_backend_one_thread
 
     from engine import LLM, SamplingParams
     from engine.tiny import random_checkpoint
-    from engine_checkpoints import torch_backend_one_thread
 
     first = random_checkpoint.write_mla_checkpoint(tmp_path / "a", seed=3)
     second = random_checkpoint.write_mla_checkpoint(tmp_path / "b", seed=3)

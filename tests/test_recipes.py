@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bringup.cli import main
+from bringup.config.recipes import STEP_KINDS, build_order, load_recipes
 from bringup.errors import ConfigError
 from bringup.paths import shown
-from bringup.recipes import STEP_KINDS, build_order, load_recipes
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"

@@ -21,19 +21,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.vendor_build import IMAGE, MATRIX, build_fixture, run_build
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from bringup.display import Display
+from bringup.config.matrix import load_matrix
+from bringup.config.recipes import load_recipes
 from bringup.errors import ConfigError
-from bringup.matrix import load_matrix
+from bringup.host.display import Display
+from bringup.host.pipeline import Options, Pipeline
 from bringup.paths import shown
-from bringup.pipeline import Options, Pipeline
-from bringup.recipes import load_recipes
 from bringup.runners import RunResult
 from bringup.stages import build as build_stage
-from bringup.stages import env_steps, prerequisites
-from fixtures.vendor_build import IMAGE, MATRIX, build_fixture, run_build
+from bringup.stages.support import env_steps, prerequisites
 
 REPO = Path(__file__).resolve().parent.parent
 

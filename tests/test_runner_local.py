@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from processes import alive_with_run_id
 
-from bringup.display import Display
-from bringup.matrix import load_matrix
-from bringup.pipeline import Options, Pipeline
+from bringup.config.matrix import load_matrix
+from bringup.host.display import Display
+from bringup.host.pipeline import Options, Pipeline
 from bringup.runners.environment import apply_allowlist
 
 REPO = Path(__file__).resolve().parent.parent

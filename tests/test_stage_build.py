@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bringup.stages import build
-from bringup.stages.elf import TORCH_SYMBOL, dynamic_symbols
+from bringup.stages.support.elf import TORCH_SYMBOL, dynamic_symbols
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
@@ -125,7 +125,7 @@ def test_missing_prerequisites_block_their_target(tmp_path, monkeypatch):
 
 def test_a_timed_command_is_killed_with_its_children(tmp_path):
     """run_tee's timeout (the smoke tests'): the command and what it started die together."""
-    from bringup.stages.common import run_tee
+    from bringup.stages.support.common import run_tee
 
     code = ("import subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"

@@ -16,11 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from bringup.stages.common import site_packages
 from bringup.stages.env import _guard
-from bringup.stages.env_steps import (APPLIED, UNCHANGED, EnvContext, StepError, copy_site_packages, cuda_headers,
-                                      host_header, ld_library_path, nccl_pin, python_symlink, venv)
-from bringup.stages.prerequisites import cuda_home, include_dirs
+from bringup.stages.support.common import site_packages
+from bringup.stages.support.env_steps import (
+    APPLIED,
+    UNCHANGED,
+    EnvContext,
+    StepError,
+    copy_site_packages,
+    cuda_headers,
+    host_header,
+    ld_library_path,
+    nccl_pin,
+    python_symlink,
+    venv,
+)
+from bringup.stages.support.prerequisites import cuda_home, include_dirs
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
@@ -253,7 +264,7 @@ def test_host_header_with_a_real_cuda_13_toolkit(tmp_path, compiler_env):
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg")
 def test_apt_leaves_installed_packages_alone():
-    from bringup.stages.env_steps import apt
+    from bringup.stages.support.env_steps import apt
 
     status, detail = apt(["dpkg"], context())
     assert status == UNCHANGED and "dpkg" in detail
@@ -308,7 +319,7 @@ def _compiler(folder: Path, name: str, runtime: str) -> None:
 def test_host_cxx_prefers_the_compiler_of_the_runtime_python_loads(tmp_path, monkeypatch):
     """A wrapper toolchain first on PATH links another libstdc++ (a CUDA host's /opt/gcc did, and
     DeepGEMM built with it crashed): CXX/CC then name the first compiler of the loaded runtime."""
-    from bringup.stages.env_steps import LOADED_CXX_RUNTIME, host_cxx
+    from bringup.stages.support.env_steps import LOADED_CXX_RUNTIME, host_cxx
 
     loaded = subprocess.run([sys.executable, "-c", LOADED_CXX_RUNTIME], capture_output=True, text=True).stdout.strip()
     if not loaded:

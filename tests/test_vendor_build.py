@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.vendor_archives import RECIPES, REPO, TARGETS, tampered_copy, vendor_folder
 
 from bringup.hashing import file_sha256
-from fixtures.vendor_archives import RECIPES, REPO, TARGETS, tampered_copy, vendor_folder
 
 VENDOR, WHY = vendor_folder()
 pytestmark = [

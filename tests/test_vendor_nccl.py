@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bringup.nccl_sdk import header_version, loaded_nccl, make_root
 from bringup.smoke.deep_ep import nccl_gap
+from bringup.stages.support.nccl_sdk import header_version, loaded_nccl, make_root
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -74,7 +74,7 @@ def test_headers_alone_link_against_the_runtime_nccl_or_are_refused_without_one(
 
 def test_the_command_line_writes_its_record(tmp_path):
     source = nccl_folder(tmp_path / "nccl", (2, 31, 2), None)
-    proc = subprocess.run([sys.executable, "-m", "bringup.nccl_sdk", "--out", str(tmp_path / "root"), "--at-least", "2.32"],
+    proc = subprocess.run([sys.executable, "-m", "bringup.stages.support.nccl_sdk", "--out", str(tmp_path / "root"), "--at-least", "2.32"],
                           cwd=source, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and proc.stderr.strip().endswith("holds NCCL 2.31.2; 2.32 or newer is needed")
     assert "Traceback" not in proc.stderr and not (tmp_path / "root" / "nccl-sdk.json").exists()

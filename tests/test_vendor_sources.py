@@ -13,10 +13,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from fixtures.vendor_archives import RECIPES, pinned_spec, tampered_copy, vendor_folder
 
 from bringup.hashing import file_sha256
-from bringup.stages.archives import SourceError, absent_archives, assemble
-from fixtures.vendor_archives import RECIPES, pinned_spec, tampered_copy, vendor_folder
+from bringup.stages.support.archives import SourceError, absent_archives, assemble
 
 VENDOR, WHY = vendor_folder()
 pytestmark = pytest.mark.skipif(VENDOR is None, reason=WHY)

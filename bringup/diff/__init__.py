@@ -5,7 +5,7 @@ token divergences (near-tie or real) and fallback lists of every image against a
     code = run_diff(Path("artifacts"), ["flagtree", "vendor"], "local", near_tie_margin=0.5)
 """
 
-from .collect import DiffResult, collect
-from .run import default_images, run_diff
+from bringup.diff.collect import DiffResult, collect
+from bringup.diff.run import default_images, run_diff
 
 __all__ = ["DiffResult", "collect", "default_images", "run_diff"]

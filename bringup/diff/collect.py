@@ -17,13 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bringup.artifacts import PASSED
+from bringup.diff.inputs import (
+    AB_MANIFEST,
+    AB_RESULTS,
+    BUILD,
+    E2E_REPORT,
+    E2E_TOKENS,
+    ENV,
+    MADE_BY,
+    PEER_REPORT,
+    VERIFY,
+    ImageArtifacts,
+    Missing,
+    UnusableInput,
+)
+from bringup.diff.tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, logprob_deltas, read_generations
 from kernels.ab import FAILED, compare_dumps
 from kernels.compare import EQUAL
 from kernels.dump import DumpError
-
-from .inputs import (AB_MANIFEST, AB_RESULTS, BUILD, E2E_REPORT, E2E_TOKENS, ENV, MADE_BY, PEER_REPORT, VERIFY,
-                     ImageArtifacts, Missing, UnusableInput)
-from .tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, logprob_deltas, read_generations
 
 STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT)
 
@@ -296,7 +308,7 @@ def _builds(result: DiffResult, col: Column) -> None:
         if not isinstance(target, dict) or not isinstance(target.get("name"), str):
             raise UnusableInput(f"{col.artifacts.path(BUILD)}: targets[{i}].name must be a string")
         status = str(target.get("status", "?"))
-        detail = target.get("detail") if status != "passed" else ""
+        detail = target.get("detail") if status != PASSED else ""
         cells[target["name"]] = status + (f" ({detail})" if detail else "")
     result.builds[col.label] = cells
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..artifacts import write_bytes
-from .collect import DiffResult
-from .tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
+from bringup.artifacts import write_bytes
+from bringup.diff.collect import DiffResult
+from bringup.diff.tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
 
 KERNEL_HEATMAP = "kernel_errors.png"
 TOKEN_DIVERGENCE = "token_divergence.png"

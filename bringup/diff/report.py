@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bringup.artifacts import write_text
+from bringup.diff import plots
+from bringup.diff.collect import DiffResult, KernelComparison, PeerComparison
+from bringup.diff.document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
+from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
 from kernels.compare import DIFFERS
-
-from . import plots
-from ..artifacts import write_text
-from .collect import DiffResult, KernelComparison, PeerComparison
-from .document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
-from .tokens import IDENTICAL, NEAR_TIE, REAL
 
 ABSENT = "-"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .collect import DiffResult, collect
-from .report import write
-from .tokens import IDENTICAL, NEAR_TIE, REAL
+from bringup.diff.collect import DiffResult, collect
+from bringup.diff.report import write
+from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
 
 REPORT_FOLDER = "diff"
 
@@ -20,8 +20,8 @@ REPORT_FOLDER = "diff"
 def command(matrix: str, artifacts: str, images: str = "", reference: str = "", near_tie_margin: str = "") -> int:
     """``invoke diff``: defaults from the matrix (images with artifacts, reference, margin; see
     :func:`pick_reference`); names are checked against it. Exit 2 on a bad matrix or argument."""
-    from ..errors import ConfigError
-    from ..matrix import load_matrix
+    from bringup.config.matrix import load_matrix
+    from bringup.errors import ConfigError
 
     try:
         m = load_matrix(matrix)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .inputs import UnusableInput
+from bringup.diff.inputs import UnusableInput
 
 IDENTICAL, NEAR_TIE, REAL, MISMATCH = "identical", "near-tie", "real", "mismatch"
 

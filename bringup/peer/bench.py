@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import settings as peer_settings
+from bringup.peer import settings as peer_settings
 
 
 def engine_rows(model: str, prompts: list[str], max_tokens: int, device: str, dtype: str, repeat: int) -> tuple[list[dict], list]:

@@ -66,7 +66,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..artifacts import write_json, write_text
+    from bringup.artifacts import write_json, write_text
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

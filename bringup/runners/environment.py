@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from ..runs import RUN_ENV
+from bringup.runners.records import RUN_ENV
 
 # What a local stage inherits from the host besides the allowlist: enough to run a program.
 LOCAL_BASE = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "SHELL")
@@ -45,8 +45,3 @@ def stage_environment(base: Mapping[str, str], allowlists: list[Mapping[str, str
 
 def local_base(host: Mapping[str, str]) -> dict[str, str]:
     return {k: host[k] for k in LOCAL_BASE if k in host}
-
-
-def parse_env_list(entries: list[str] | None) -> dict[str, str]:
-    """Docker's ``["KEY=value", ...]`` as a dict."""
-    return dict(e.split("=", 1) for e in entries or [] if "=" in e)

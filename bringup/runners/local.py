@@ -10,58 +10,41 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
-import time
+from typing import Iterator
 
-from ..runs import INTERRUPTED, TIMEOUT, RunRecord
-from . import LineSink, LogTee, RunRequest, RunResult, exit_status
-from .environment import local_base, stage_environment
-from .processes import kill_run
-
-GRACE_SECONDS = 5.0
+from bringup.runners.base import Runner, RunRequest, StartError, Timeout
+from bringup.runners.environment import local_base, stage_environment
+from bringup.runners.processes import kill_run
 
 
-def run(request: RunRequest, sink: LineSink, grace: float = GRACE_SECONDS) -> RunResult:
-    """Run ``request.argv`` on the host; see the module docstring."""
-    env = stage_environment(local_base(os.environ), request.allowlists, os.environ, request.run_id, str(request.cwd))
-    record = RunRecord(request.artifacts, request.run_id, request.image, request.stage, "local", request.argv)
-    tee = LogTee(request.log_path, sink)
-    start = time.monotonic()
-    status, code, detail = INTERRUPTED, None, "interrupted before the stage started"
-    proc = None
-    reader = None
-    try:
-        # stdin is the owner pipe: never written, closed by the kernel if this process dies, so
-        # the stage sees end of file and stops itself (bringup.stages.interrupts).
-        proc = subprocess.Popen(request.argv, cwd=request.cwd, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        record.update(pid=proc.pid, pgid=proc.pid)
-        reader = threading.Thread(target=_pump, args=(proc, tee), daemon=True)
-        reader.start()
+class LocalRunner(Runner):
+    kind = "local"
+
+    _proc: subprocess.Popen | None = None
+
+    def start(self, request: RunRequest) -> dict:
+        env = stage_environment(local_base(os.environ), request.allowlists, os.environ, request.run_id, str(request.cwd))
         try:
-            code = proc.wait(timeout=request.timeout)
-            status, detail = exit_status(code)
+            # stdin is the owner pipe: never written, closed by the kernel if this process dies
+            self._proc = subprocess.Popen(request.argv, cwd=request.cwd, env=env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise StartError(f"cannot start {request.argv[0]}: {exc}") from None
+        return {"pid": self._proc.pid, "pgid": self._proc.pid}
+
+    def output(self) -> Iterator[str]:
+        assert self._proc is not None and self._proc.stdout is not None
+        for chunk in iter(lambda: self._proc.stdout.read1(65536), b""):
+            yield chunk.decode("utf-8", errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            status, detail = TIMEOUT, f"killed at its timeout of {request.timeout:g} s"
-        except KeyboardInterrupt:
-            status, detail = INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); killed"
-    except OSError as exc:
-        status, detail = "failed", f"cannot start {request.argv[0]}: {exc}"
-    finally:
-        if proc is not None:
-            kill_run(proc.pid, request.run_id, grace)
-            proc.wait()
-            proc.stdin.close()
-        if reader is not None:
-            reader.join(timeout=5)
-        if status in (TIMEOUT, INTERRUPTED):
-            tee.write(f"\n[bringup] {request.stage} {request.image}: {detail}\n")
-        tee.close()
-        record.finish(status)
-    return RunResult(status, code, time.monotonic() - start, detail)
+            raise Timeout from None
 
-
-def _pump(proc: subprocess.Popen, tee: LogTee) -> None:
-    assert proc.stdout is not None
-    for chunk in iter(lambda: proc.stdout.read1(65536), b""):
-        tee.write(chunk.decode("utf-8", errors="replace"))
+    def stop(self, request: RunRequest) -> None:
+        if self._proc is not None:
+            kill_run(self._proc.pid, request.run_id, self.grace)
+            self._proc.wait()
+            self._proc.stdin.close()

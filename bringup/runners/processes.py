@@ -1,70 +1,94 @@
-"""Finding and killing what a local stage started: its process group, and any process that left
-the group but still carries the run's ``BRINGUP_RUN_ID`` (read from ``/proc/<pid>/environ``)."""
+"""Finding and stopping what a stage run started, on the host (through psutil): its process
+group, and any process that left the group but still carries the run's ``BRINGUP_RUN_ID``.
+
+(The in-image side, which may lack psutil, uses :mod:`common.procs`.)
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Callable
 
-from ..runs import RUN_ENV
+import psutil
 
-PROC = Path("/proc")
+from bringup.runners.records import RUN_ENV
+
+GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, process group) of a process, or None when it is gone."""
+@dataclass(frozen=True)
+class RunProcess:
+    """A live process carrying ``BRINGUP_RUN_ID``."""
+
+    pid: int
+    pgid: int
+    run_id: str
+    cmdline: str
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (zombies count as dead)."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() not in GONE
+    except psutil.Error:
+        return False
+
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), or None when it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    fields = text[text.rindex(")") + 2:].split()
-    return fields[0], int(fields[2])
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``."""
-    if not PROC.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except ProcessLookupError:
-            return []
-    return [pid for pid in _pids() if (st := _stat(pid)) and st[1] == pgid and st[0] != "Z"]
-
-
-def run_members(run_id: str) -> list[int]:
-    """Live processes whose environment has ``BRINGUP_RUN_ID=<run_id>`` (not this process)."""
-    if not PROC.is_dir():
-        return []
-    needle = f"{RUN_ENV}={run_id}".encode()
+    """Live processes of process group ``pgid``."""
     found = []
-    for pid in _pids():
-        if pid == os.getpid():
-            continue
+    for proc in psutil.process_iter():
         try:
-            environ = (PROC / str(pid) / "environ").read_bytes()
-        except OSError:
+            if os.getpgid(proc.pid) == pgid and proc.status() not in GONE:
+                found.append(proc.pid)
+        except (psutil.Error, ProcessLookupError, PermissionError):
             continue
-        if needle in environ.split(b"\0") and (st := _stat(pid)) and st[0] != "Z":
-            found.append(pid)
     return found
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
+def run_processes(run_id: str | None = None) -> list[RunProcess]:
+    """Every live process (but this one) whose environment has ``BRINGUP_RUN_ID`` (``run_id``
+    only, when given)."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
         try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            value = proc.environ().get(RUN_ENV)
+            if value is None or (run_id is not None and value != run_id) or proc.status() in GONE:
+                continue
+            found.append(RunProcess(proc.pid, os.getpgid(proc.pid), value, " ".join(proc.cmdline())))
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
 
 
-def _wait_gone(members, grace: float) -> bool:
+def run_members(run_id: str) -> list[int]:
+    """Live processes (but this one) of the run ``run_id``."""
+    return [p.pid for p in run_processes(run_id)]
+
+
+def signal_quietly(send: Callable[[int, int], None], target: int, sig: int) -> None:
+    """``send(target, sig)`` (os.kill or os.killpg), ignoring a target that is gone."""
+    try:
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_gone(members: Callable[[], list[int]], grace: float) -> bool:
+    """Poll until ``members()`` is empty or ``grace`` seconds passed; whether it emptied."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if not members():
@@ -80,19 +104,10 @@ def kill_run(pgid: int | None, run_id: str, grace: float = 5.0) -> None:
     def members() -> list[int]:
         return sorted(set(group_members(pgid) if pgid is not None else []) | set(run_members(run_id)))
 
-    _signal_group(pgid, signal.SIGTERM)
-    _signal_all(run_members(run_id), signal.SIGTERM)
-    if _wait_gone(members, grace):
-        return
-    _signal_group(pgid, signal.SIGKILL)
-    _signal_all(members(), signal.SIGKILL)
-    _wait_gone(members, grace)
-
-
-def _signal_group(pgid: int | None, sig: int) -> None:
-    if pgid is None:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if pgid is not None:
+            signal_quietly(os.killpg, pgid, sig)
+        for pid in (run_members(run_id) if sig == signal.SIGTERM else members()):
+            signal_quietly(os.kill, pid, sig)
+        if wait_gone(members, grace):
+            return

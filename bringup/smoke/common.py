@@ -11,9 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from ..artifacts import write_json
-
-PASSED, FAILED, SKIPPED, BLOCKED = "passed", "failed", "skipped", "blocked"
+from bringup.artifacts import FAILED, write_json
 
 
 def result(status: str, detail: str, **fields: Any) -> dict[str, Any]:

@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..nccl_sdk import loaded_nccl
-from ..stages.elf import dynamic_symbols
-from .common import BLOCKED, FAILED, PASSED, SKIPPED, import_module, main, result, sm90_device
+from bringup.artifacts import BLOCKED, FAILED, PASSED, SKIPPED
+from bringup.smoke.common import import_module, main, result, sm90_device
+from bringup.stages.support.elf import dynamic_symbols
+from bringup.stages.support.nccl_sdk import loaded_nccl
 
 NEEDS = "2.30.4"
 VENDOR_TEST = "tests/elastic/test_ep.py"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import FAILED, PASSED, SKIPPED, against_reference, generator, import_module, main, one_line, result, sm90_device
+from bringup.artifacts import FAILED, PASSED, SKIPPED
+from bringup.smoke.common import against_reference, generator, import_module, main, one_line, result, sm90_device
 
 M, N, K = 64, 2112, 7168   # a decode batch through DeepSeek-V3's fused q_a/kv_a projection
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import FAILED, PASSED, SKIPPED, against_reference, generator, import_module, main, one_line, result, sm90_device
+from bringup.artifacts import FAILED, PASSED, SKIPPED
+from bringup.smoke.common import against_reference, generator, import_module, main, one_line, result, sm90_device
 
 BATCH, HEADS, RANK, ROPE, BLOCK, MAX_BLOCKS = 4, 16, 512, 64, 64, 8
 

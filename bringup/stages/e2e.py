@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED
-from .common import probe_versions, run_recording_module
+from bringup.artifacts import FAILED
+from bringup.stages.support.common import probe_versions, run_recording_module
 
 EXIT_MEANING = {1: "a rank failed or hung", 2: "bad arguments", 3: "ranks disagree or an answer is wrong",
                 124: "timed out", 129: "hung up", 130: "interrupted", 143: "terminated"}

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED
-from .common import components, probe_versions, version_matches
-from .env_steps import STEPS, EnvContext, StepError
+from bringup.artifacts import FAILED, PASSED, SKIPPED
+from bringup.stages.support.common import components, probe_versions, version_matches
+from bringup.stages.support.env_steps import STEPS, EnvContext, StepError
 
 GUARDED = ("torch", "triton", "nccl")
 
@@ -28,7 +28,7 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
         for step in recipe["steps"]:
             entry = {"recipe": recipe["name"], "name": step["name"], "kind": step["kind"]}
             if failed:
-                steps.append({**entry, "status": "skipped", "detail": "an earlier step failed"})
+                steps.append({**entry, "status": SKIPPED, "detail": "an earlier step failed"})
                 continue
             print(f"[env] {recipe['name']}: {step['name']} ...", flush=True)
             try:

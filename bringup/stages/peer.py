@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED, read_json, write_json
-from ..peer import settings as peer_settings
-from .common import probe_versions, run_tee
+from bringup.artifacts import FAILED, PASSED, read_json, write_json
+from bringup.peer import settings as peer_settings
+from bringup.stages.support.common import probe_versions, run_tee
 
 E2E_REPORT, E2E_TOKENS = "e2e/report.json", "e2e/tokens.jsonl"
 MLA_DTYPE = "bfloat16"
@@ -150,7 +150,7 @@ def _vllm_run(case: dict, applied: list, variant: str, folder: Path, out: Path, 
 def _agreement(case: dict, run_dir: Path, out: Path, margin: float) -> dict[str, Any]:
     """The run's tokens against the reference's: counts per class, the divergences, and how many
     prompts vLLM tokenized as our engine does."""
-    from ..diff.tokens import IDENTICAL, compare_generations, read_generations
+    from bringup.diff.tokens import IDENTICAL, compare_generations, read_generations
 
     rows = compare_generations(read_generations(out / case["reference"]), read_generations(run_dir / "tokens.jsonl"), margin)
     agreement: dict[str, int] = {}

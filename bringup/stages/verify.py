@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import FAILED, PASSED
-from .common import probe_versions
+from bringup.artifacts import FAILED, PASSED
+from bringup.stages.support.common import probe_versions
 
 PACKAGES = ("kernels", "engine")
 # Optional packages the engine must import without (it falls back to its torch paths).

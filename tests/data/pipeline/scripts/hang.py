@@ -4,7 +4,6 @@
 * a child that calls setsid(), leaving the stage's process group (only the run id finds it).
 """
 
-import os
 import signal
 import subprocess
 import sys
