@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import host_ops, native
+from engine import native
+from engine.native import python_ops as host_ops
 
-ENGINE_DIR = Path(native.__file__).resolve().parent
+ENGINE_DIR = Path(native.__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def compiled(tmp_path_factory):
         return module
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip(f"no C++ compiler to build engine._C ({reason})")
-    from engine.csrc.build import build
+    from engine.native.build import build
 
     path = build(tmp_path_factory.mktemp("native"))
     spec = importlib.util.spec_from_file_location("engine._C", path)
@@ -113,6 +114,6 @@ def test_fallback_is_announced_once_and_refused_under_strict(monkeypatch, capsys
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the build recipe targets Linux")
 def test_in_place_build_location_is_the_engine_package():
-    from engine.csrc import build
+    from engine.native import build
 
     assert build.PACKAGE_ROOT / "engine" == ENGINE_DIR
