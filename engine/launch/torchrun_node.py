@@ -40,8 +40,7 @@ import torch
 
 from common.clock import utc_now
 
-from .. import e2e_report
-from . import heartbeat, parent_death, rank_env
+from . import e2e_report, heartbeat, parent_death, rank_env
 from .console import say
 from .launch_report import clear_previous, summarize, write_report
 from .local import package_root_env
