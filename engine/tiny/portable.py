@@ -1,7 +1,7 @@
 """What makes a checkpoint folder load anywhere: DeepSeek-V3's own config.json keys and a
 Hugging Face tokenizer (``tokenizer.json`` + ``tokenizer_config.json``) for byte-level text.
 
-``make_portable(folder)`` is called by every writer of a checkpoint (``engine.tiny.train``,
+``make_portable(folder)`` is called by every writer of a checkpoint (``training.tiny``,
 ``benchmarks.model``, the tests' random checkpoints, the peer stage's random-MLA case) after
 ``save_pretrained``. It adds the keys DeepSeek-V3's config.json has and transformers does not
 write (``topk_method``, ``scoring_func``, ...; other loaders, vLLM among them, read them and
