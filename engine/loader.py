@@ -14,28 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
-from .checkpoint import CheckpointError, ignored, shape_problem, tensor_shapes
-
-
-class LoadError(CheckpointError):
-    """The checkpoint's tensors do not fit the model; the message names the file or tensor."""
-
-
-def open_shards(model_dir: str | Path) -> dict[Path, object]:
-    """A safetensors handle per ``*.safetensors`` file of ``model_dir`` (headers read, no tensor);
-    a missing, truncated or foreign file is a :class:`LoadError` naming it."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise LoadError(f"{model_dir}: no *.safetensors files")
-    handles = {}
-    for f in files:
-        try:
-            handles[f] = safe_open(str(f), framework="pt")
-        except (SafetensorError, OSError) as exc:
-            raise LoadError(f"{f}: not a complete safetensors file (truncated or damaged: {exc})") from None
-    return handles
+from .checkpoint import LoadError, ignored, open_shards, shape_problem, tensor_shapes
 
 
 class CheckpointWeights:
