@@ -5,7 +5,7 @@
 # default all, in this order) picks the steps:
 #   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
 #              EP over NCCL, graph replay)
-#   probe      python -m kernels.probe (7 Triton feature checks, PTX target)
+#   probe      python -m kernels.triton_probe (7 Triton feature checks, PTX target)
 #   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
@@ -68,7 +68,7 @@ vendor_tests=()
 want vendor-tests && vendor_tests=(--ignore=tests/test_vendor_gpu.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${vendor_tests[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
-want probe && step probe 60 $PY -m kernels.probe --json "$OUT/probe.json"
+want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
   if command -v invoke >/dev/null; then

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.ops import experts, moe
+from kernels.ops import moe
 
 from ..config import ModelConfig
 from ..loader import LoadContext, LoadError
@@ -55,7 +55,7 @@ class MoE:
     def _routed(self, xs: torch.Tensor, local_ids: torch.Tensor, local_weights: torch.Tensor) -> torch.Tensor:
         if self.w13.shape[0] == 0:  # more ranks than experts: nothing to run here, the exchange still happens
             return torch.zeros_like(xs)
-        return experts.fused_experts(xs, local_ids, local_weights, self.w13, self.w2, self.w13_scale, self.w2_scale, self.scale_fmt)
+        return moe.fused_experts(xs, local_ids, local_weights, self.w13, self.w2, self.w13_scale, self.w2_scale, self.scale_fmt)
 
 
 def _load_experts(c: ModelConfig, load: LoadContext, local: range):
