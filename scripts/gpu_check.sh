@@ -10,7 +10,7 @@
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
-#   native     python -m engine.csrc.build, then the _C tests (in the background from the start)
+#   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
@@ -55,7 +55,7 @@ $PY -c 'from kernels import backend_env as b
 for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")' | tee -a "$OUT/gpu.txt"
 
 if want native; then  # the native build needs only CPUs: run it beside the GPU steps
-  ( timeout 300 $PY -m engine.csrc.build >"$OUT/native-build.log" 2>&1 && \
+  ( timeout 300 $PY -m engine.native.build >"$OUT/native-build.log" 2>&1 && \
     timeout 120 $PY -m pytest -q tests/test_engine_native.py >>"$OUT/native-build.log" 2>&1; echo "exit $?" >>"$OUT/native-build.log" ) &
   native_pid=$!
 fi
