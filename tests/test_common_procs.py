@@ -29,15 +29,6 @@ def _sleeper(tmp_path: Path, value: str) -> subprocess.Popen:
     return subprocess.Popen([str(odd), "60"], env={**os.environ, VAR: value}, start_new_session=True)
 
 
-def _wait_for(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
 def test_a_live_process_reads_back_what_it_is(tmp_path):
     value = secrets.token_hex(6)
     before = time.time()
@@ -52,10 +43,12 @@ def test_a_live_process_reads_back_what_it_is(tmp_path):
         assert procs.carrying(VAR, value) == [proc.pid]
         assert procs.carrying(VAR, value + "0") == []
         os.kill(proc.pid, signal.SIGSTOP)
-        assert _wait_for(lambda: procs.stat(proc.pid).state == "T") and procs.alive(proc.pid)
+        os.waitpid(proc.pid, os.WUNTRACED)  # returns once it has stopped
+        assert procs.stat(proc.pid).state == "T" and procs.alive(proc.pid)
     finally:
         proc.kill()
-    assert _wait_for(lambda: procs.stat(proc.pid).state == "Z")  # exited, not reaped yet
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # returns once it has exited, leaving it unreaped
+    assert procs.stat(proc.pid).state == "Z"
     assert not procs.alive(proc.pid) and procs.carrying(VAR, value) == []
     proc.wait()
     assert procs.stat(proc.pid) is None and procs.start_time(proc.pid) is None and procs.env_value(proc.pid, VAR) is None

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from common import token_diff
-from common.token_diff import (IDENTICAL, MISMATCH, NEAR_TIE, REAL, Divergence, Generation, classify,  # noqa: F401
-                               compare_generations, first_divergence, logprob_deltas)
+from common.token_diff import (IDENTICAL, MISMATCH, NEAR_TIE, REAL, Divergence, Generation, classify, compare_generations,
+                               first_divergence, logprob_deltas)
 
 from .inputs import UnusableInput
+
+__all__ = ["IDENTICAL", "MISMATCH", "NEAR_TIE", "REAL", "Divergence", "Generation", "classify", "compare_generations",
+           "first_divergence", "logprob_deltas", "read_generations"]
 
 
 def read_generations(path: Path) -> dict[int, Generation]:
