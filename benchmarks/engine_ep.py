@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bringup.config.matrix import DiffSettings
-from bringup.diff.tokens import IDENTICAL, compare_generations, read_generations
+from common.token_diff import IDENTICAL, NEAR_TIE_MARGIN, compare_generations, read_generations
 
 from . import harness, model
 from .harness import Row
@@ -63,7 +62,7 @@ def agreement(report: dict) -> str:
 
 def versus_ep1(ep1_tokens: Path, tokens: Path) -> str:
     """The token comparison of an EP=N run with the EP=1 run of the same prompts."""
-    rows = compare_generations(read_generations(ep1_tokens), read_generations(tokens), DiffSettings.near_tie_margin)
+    rows = compare_generations(read_generations(ep1_tokens), read_generations(tokens), NEAR_TIE_MARGIN)
     same = sum(1 for r in rows if r.status == IDENTICAL)
     text = f"tokens vs EP=1: {same}/{len(rows)} identical"
     diverged = [r for r in rows if r.status != IDENTICAL]

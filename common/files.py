@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and JSON that is always strict.
+"""Files written whole or not at all, JSON that is always strict, and a file's sha256.
 
 A write goes to a temporary file in the same folder, then is renamed over the target, so a
 reader sees the old file or the new one, never half of one; the temporary file is removed when
@@ -8,6 +8,7 @@ anything goes wrong. Files are world-readable (0644). JSON is written without Na
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -64,3 +65,12 @@ def read_json(path: str | Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

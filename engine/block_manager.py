@@ -1,7 +1,7 @@
 """Paged KV cache bookkeeping: block allocation, reference counts and prefix caching.
 
 A full block is identified by a chained hash (its tokens and every token before it, see
-:func:`engine.host_ops.block_hashes`). Allocating a sequence reuses cached blocks for the
+:func:`engine.native.python_ops.block_hashes`). Allocating a sequence reuses cached blocks for the
 longest run of its leading full blocks whose hash and tokens match; the block holding the
 sequence's last token is never reused, so every prefill computes at least one token. Freed
 blocks keep their hash until the block is handed out again, so a later request (or a

@@ -1,12 +1,13 @@
-"""What a checkpoint directory must hold for this engine, checked before anything runs.
+"""What a checkpoint directory must hold for this engine, checked before anything runs (torch-free).
 
 :func:`tensor_shapes` gives every tensor name the config implies with its shape (weights as
 stored, ``[out, in]``); the loader checks each tensor it takes against it, and
-:func:`check_checkpoint` checks a whole directory from the safetensors headers alone (no
-tensor is read): config.json parses and validates, every shard is a complete safetensors
-file, every tensor the engine needs is there with the shape the config implies, and none is
-left over. :class:`CheckpointError` (and its subclasses ``ConfigError`` for config.json,
-``LoadError`` for the tensors) names the file and what is wrong, in one line.
+:func:`check_tensors` checks a whole directory from the safetensors headers alone (no tensor
+is read): every shard is a complete safetensors file, every tensor the engine needs is there
+with the shape the config implies, and none is left over (:func:`engine.config.check_checkpoint`
+first reads and validates config.json). :class:`CheckpointError` (and its subclasses
+``ConfigError`` for config.json, :class:`LoadError` for the tensors) names the file and what is
+wrong, in one line.
 """
 
 from __future__ import annotations
@@ -14,12 +15,33 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+
 BLOCK = 128  # FP8 weights carry one weight_scale_inv per 128x128 block
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class CheckpointError(ValueError):
     """A checkpoint directory is unusable; the message names the file and what is wrong."""
+
+
+class LoadError(CheckpointError):
+    """The checkpoint's tensors do not fit the model; the message names the file or tensor."""
+
+
+def open_shards(model_dir: str | Path) -> dict[Path, object]:
+    """A safetensors handle per ``*.safetensors`` file of ``model_dir`` (headers read, no tensor);
+    a missing, truncated or foreign file is a :class:`LoadError` naming it."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise LoadError(f"{model_dir}: no *.safetensors files")
+    handles = {}
+    for f in files:
+        try:
+            handles[f] = safe_open(str(f), framework="pt")
+        except (SafetensorError, OSError) as exc:
+            raise LoadError(f"{f}: not a complete safetensors file (truncated or damaged: {exc})") from None
+    return handles
 
 
 def tensor_shapes(c) -> dict[str, tuple[int, ...]]:
@@ -103,13 +125,9 @@ def shape_problem(where: Path, name: str, shape: tuple[int, ...], expected: dict
     return f"{where}: tensor {name!r} has shape {list(shape)} where the config implies {list(want)}"
 
 
-def check_checkpoint(model_dir: str | Path):
-    """Validate ``model_dir`` from config.json and the safetensors headers; returns its
-    :class:`engine.config.ModelConfig`, raises :class:`CheckpointError` on the first problem."""
-    from .config import ModelConfig
-    from .loader import LoadError, open_shards
-
-    config = ModelConfig.from_dir(model_dir)
+def check_tensors(model_dir: str | Path, config) -> None:
+    """Check ``model_dir``'s tensors against ``config`` (a :class:`engine.config.ModelConfig`) from
+    the safetensors headers; raises :class:`LoadError` on the first problem."""
     expected = tensor_shapes(config)
     found: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for path, handle in open_shards(model_dir).items():
@@ -130,4 +148,3 @@ def check_checkpoint(model_dir: str | Path):
     if unused:
         raise LoadError(f"{model_dir}: {len(unused)} tensor(s) the engine does not use: {', '.join(unused[:8])}"
                         f"{' ...' if len(unused) > 8 else ''}")
-    return config

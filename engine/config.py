@@ -11,7 +11,7 @@ import torch
 
 from kernels.ops.rope import yarn_mscale
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, check_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -209,8 +209,6 @@ class EngineConfig:
             raise ValueError("device='cuda' but torch sees no CUDA device")
         if self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size and max_num_seqs must be positive")
-        from .checkpoint import check_checkpoint
-
         self.model = check_checkpoint(self.model_dir)  # config.json and the shards' headers, before anything loads
         self.max_model_len = min(self.max_model_len or default_max_model_len(self.model), self.model.max_position_embeddings)
         if self.max_num_batched_tokens < self.max_model_len:
@@ -223,3 +221,11 @@ class EngineConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return math.ceil(self.max_model_len / self.block_size)
+
+
+def check_checkpoint(model_dir: str | Path) -> ModelConfig:
+    """Validate ``model_dir`` from config.json and the safetensors headers (no tensor is read);
+    returns its :class:`ModelConfig`, raises :class:`CheckpointError` on the first problem."""
+    config = ModelConfig.from_dir(model_dir)
+    check_tensors(model_dir, config)
+    return config

@@ -6,7 +6,7 @@ from typing import Sequence as Seq
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .host_ops import MASK64, mix64
+from .native.python_ops import MASK64, mix64
 from .model_runner import ModelRunner, StepResult
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler

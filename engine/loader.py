@@ -1,39 +1,22 @@
 """Read a checkpoint's tensors by name from its safetensors shards.
 
-Layers take what they need by name (:meth:`CheckpointWeights.get`), each tensor checked against
-the shape the config implies (:func:`engine.checkpoint.tensor_shapes`); at the end
-:meth:`CheckpointWeights.check_all_used` fails on tensors nobody took, so that a naming
-mismatch cannot silently leave weights out. Tensors of layers at index >= num_hidden_layers
-(DeepSeek-V3's multi-token-prediction layer) are skipped.
+Layers take what they need by name through one :class:`LoadContext` (the checkpoint, the
+engine's dtype and device, the FP8 scale format, and the name scope of the layer being built),
+each tensor checked against the shape the config implies (:func:`engine.checkpoint.tensor_shapes`);
+at the end :meth:`CheckpointWeights.check_all_used` fails on tensors nobody took, so that a
+naming mismatch cannot silently leave weights out. Tensors of layers at index >=
+num_hidden_layers (DeepSeek-V3's multi-token-prediction layer) are skipped.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
-from .checkpoint import CheckpointError, ignored, shape_problem, tensor_shapes
-
-
-class LoadError(CheckpointError):
-    """The checkpoint's tensors do not fit the model; the message names the file or tensor."""
-
-
-def open_shards(model_dir: str | Path) -> dict[Path, object]:
-    """A safetensors handle per ``*.safetensors`` file of ``model_dir`` (headers read, no tensor);
-    a missing, truncated or foreign file is a :class:`LoadError` naming it."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise LoadError(f"{model_dir}: no *.safetensors files")
-    handles = {}
-    for f in files:
-        try:
-            handles[f] = safe_open(str(f), framework="pt")
-        except (SafetensorError, OSError) as exc:
-            raise LoadError(f"{f}: not a complete safetensors file (truncated or damaged: {exc})") from None
-    return handles
+from .checkpoint import LoadError, ignored, open_shards, shape_problem, tensor_shapes
 
 
 class CheckpointWeights:
@@ -77,3 +60,44 @@ class CheckpointWeights:
         if left:
             shown = ", ".join(sorted(left)[:8])
             raise LoadError(f"{self.model_dir}: {len(left)} tensor(s) the engine does not use: {shown}{' ...' if len(left) > 8 else ''}")
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """What a layer builds its weights from: the checkpoint, the engine's ``dtype`` and
+    ``device``, the FP8 ``scale_fmt``, and ``prefix``, the checkpoint name of the layer being
+    built (``model.layers.3.self_attn``). Names given to the methods are relative to ``prefix``."""
+
+    weights: CheckpointWeights
+    dtype: torch.dtype
+    device: torch.device
+    scale_fmt: str | None = None
+    prefix: str = ""
+
+    def scope(self, name: str) -> LoadContext:
+        """The context of the sub-layer ``name`` (its tensors are named ``prefix.name.*``)."""
+        return replace(self, prefix=self.name(name))
+
+    def name(self, name: str) -> str:
+        """The checkpoint name of ``name`` in this scope."""
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def has(self, name: str) -> bool:
+        return self.weights.has(self.name(name))
+
+    def stored(self, name: str) -> torch.Tensor:
+        """The tensor as stored (CPU, checkpoint dtype), shape-checked (:meth:`CheckpointWeights.get`)."""
+        return self.weights.get(self.name(name))
+
+    def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``tensor`` on the engine's device, in ``dtype`` (default: the engine's dtype)."""
+        return tensor.to(device=self.device, dtype=dtype if dtype is not None else self.dtype)
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor ``name`` on the engine's device, in ``dtype`` (default: the engine's dtype)."""
+        return self.place(self.stored(name), dtype)
+
+    def skip(self, name: str) -> None:
+        """Leave every tensor whose name starts with ``name`` in this scope unloaded on purpose
+        (:meth:`CheckpointWeights.skip`)."""
+        self.weights.skip(self.name(name))

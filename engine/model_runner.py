@@ -20,7 +20,7 @@ import torch
 from .config import EngineConfig
 from .cuda_graph import DecodeGraphs
 from .layers.attention import AttentionMeta
-from .loader import CheckpointWeights
+from .loader import CheckpointWeights, LoadContext
 from .models.deepseek_v3 import DeepseekV3
 from .native import host_ops
 from .parallel.expert_parallel import ExpertParallel, StepPlan
@@ -50,7 +50,8 @@ class ModelRunner:
         self.ep = None
         if config.expert_parallel:
             self.ep = ExpertParallel(model_config.n_routed_experts, model_config.num_experts_per_tok, self.device)
-        self.model = DeepseekV3(model_config, weights, config.torch_dtype, self.device, config.max_model_len, self.ep)
+        load = LoadContext(weights, config.torch_dtype, self.device, model_config.fp8_scale_fmt)
+        self.model = DeepseekV3(model_config, load, config.max_model_len, self.ep)
         weights.check_all_used()
         self.ops = host_ops()
         width = model_config.kv_lora_rank + model_config.qk_rope_head_dim

@@ -1,7 +1,8 @@
 """Ops registry, Triton kernels with torch references, vendor backends (DeepGEMM, FlashMLA), the
 A/B harness and the Triton probe.
 
-``import kernels`` never needs Triton nor imports a vendor extension: the torch references always serve.
+``import kernels`` declares every op (it imports :mod:`kernels.ops`), and never needs Triton nor
+imports a vendor extension: the torch references always serve.
 
     from kernels.ops import norm
     y = norm.rmsnorm(x, weight, 1e-6)
@@ -9,6 +10,7 @@ A/B harness and the Triton probe.
     kernels.verify()      # resolve every op now; raises under ENGINE_OPS_STRICT=1
 """
 
+from . import ops  # noqa: F401 - declares every op in the registry
 from .registry import StrictFallbackError, UnsupportedCall, report, verify
 
 __all__ = ["StrictFallbackError", "UnsupportedCall", "report", "verify"]

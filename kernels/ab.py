@@ -29,16 +29,17 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
+from common.clock import utc_now
+from common.files import write_text
+
 from . import backend_env, registry
 from .cases import Case, case_seed, generator
 from .compare import DIFFERS, EQUAL, OutputDiff, compare
-from .atomic import write_text_atomic
 from .dump import MANIFEST, DumpError, DumpWriter, read
 from .registry import BackendUnavailable, Op, UnsupportedCall
 from .versions import probe
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quick = args.quick if args.quick is not None else not torch.cuda.is_available()
     versions = probe()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = utc_now()
     header = {"seed": args.seed, "quick": quick, "versions": versions, "created": started}
     chosen = [backend] + (other_backends(ops, backend) if args.all_backends else [])
     progress = _progress()
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                    "seed": args.seed, "started": started, "versions": versions, "summary": counts,
                    "one_side": runs[0].one_side, "backends": {run.backend: run.to_json() for run in runs},
                    "results": [r.to_json() for r in results]}
-        write_text_atomic(Path(args.json), json.dumps(payload, indent=1, default=str) + "\n")
+        write_text(Path(args.json), json.dumps(payload, indent=1, default=str) + "\n")
     tail = f"; not run here: {', '.join(run.backend for run in not_run)} (unavailable, see above)" if not_run else ""
     print(f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[SKIPPED]} skipped{tail}")
     return 1 if counts[FAILED] else 0

@@ -8,7 +8,6 @@ what is wrong (truncated, corrupt, missing) instead of a traceback from deep ins
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,20 +18,14 @@ from typing import Any
 
 import torch
 
+from common.files import file_sha256
+
 MANIFEST = "manifest.json"
 SCHEMA = 1
 
 
 class DumpError(Exception):
     """A dump folder or file cannot be used; the message names the path and the problem."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def case_file(op: str, case_id: str) -> str:
@@ -57,7 +50,7 @@ class DumpWriter:
         os.chmod(self._tmp / name, 0o644)  # safetensors writes 0600; a dump is an artifact others read
         self.cases.append({
             "op": op, "case": case_id, "file": name, "seed": seed,
-            "sha256": sha256_of(self._tmp / name),
+            "sha256": file_sha256(self._tmp / name),
             "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in tensors.items()},
             **extra,
         })
@@ -105,7 +98,7 @@ class Dump:
             t = tensors.get(name)
             if t is None or list(t.shape) != meta["shape"] or str(t.dtype).removeprefix("torch.") != meta["dtype"]:
                 raise DumpError(f"{path}: output {name!r} does not match the manifest ({meta})")
-        return tensors, sha256_of(path) == entry["sha256"]
+        return tensors, file_sha256(path) == entry["sha256"]
 
 
 def read(path: str | os.PathLike) -> Dump:

@@ -211,9 +211,8 @@ def declare(
 
 
 def ops() -> dict[str, Op]:
-    """All declared ops by name (importing :mod:`kernels.ops` declares them)."""
-    from . import ops as _declare_all  # noqa: F401
-
+    """All declared ops by name (every op: importing :mod:`kernels` imports :mod:`kernels.ops`,
+    which declares them)."""
     return dict(sorted(_OPS.items()))
 
 

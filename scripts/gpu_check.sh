@@ -5,12 +5,12 @@
 # default all, in this order) picks the steps:
 #   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
 #              EP over NCCL, graph replay)
-#   probe      python -m kernels.probe (7 Triton feature checks, PTX target)
+#   probe      python -m kernels.triton_probe (7 Triton feature checks, PTX target)
 #   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
-#   native     python -m engine.csrc.build, then the _C tests (in the background from the start)
+#   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
@@ -55,7 +55,7 @@ $PY -c 'from kernels import backend_env as b
 for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")' | tee -a "$OUT/gpu.txt"
 
 if want native; then  # the native build needs only CPUs: run it beside the GPU steps
-  ( timeout 300 $PY -m engine.csrc.build >"$OUT/native-build.log" 2>&1 && \
+  ( timeout 300 $PY -m engine.native.build >"$OUT/native-build.log" 2>&1 && \
     timeout 120 $PY -m pytest -q tests/test_engine_native.py >>"$OUT/native-build.log" 2>&1; echo "exit $?" >>"$OUT/native-build.log" ) &
   native_pid=$!
 fi
@@ -68,7 +68,7 @@ vendor_tests=()
 want vendor-tests && vendor_tests=(--ignore=tests/test_vendor_gpu.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${vendor_tests[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
-want probe && step probe 60 $PY -m kernels.probe --json "$OUT/probe.json"
+want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
   if command -v invoke >/dev/null; then

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, CheckpointError, SamplingParams
-from engine.checkpoint import check_checkpoint
+from engine.config import check_checkpoint
 from engine.tiny import CHECKPOINT_DIR
 
 REPO = Path(__file__).resolve().parent.parent

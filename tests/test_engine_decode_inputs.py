@@ -7,7 +7,7 @@ import torch
 
 from engine import SamplingParams
 from engine.decode_inputs import DecodeInputs
-from engine.host_ops import pack_decode
+from engine.native.python_ops import pack_decode
 from engine.sequence import Sequence
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import host_ops, native
+from engine import native
+from engine.native import python_ops as host_ops
 
-ENGINE_DIR = Path(native.__file__).resolve().parent
+ENGINE_DIR = Path(native.__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def compiled(tmp_path_factory):
         return module
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip(f"no C++ compiler to build engine._C ({reason})")
-    from engine.csrc.build import build
+    from engine.native.build import build
 
     path = build(tmp_path_factory.mktemp("native"))
     spec = importlib.util.spec_from_file_location("engine._C", path)
@@ -113,7 +114,7 @@ def test_fallback_is_announced_once_and_refused_under_strict(monkeypatch, capsys
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the build recipe targets Linux")
 def test_in_place_build_location_is_the_engine_package():
-    from engine.csrc import build
+    from engine.native import build
 
     assert build.PACKAGE_ROOT / "engine" == ENGINE_DIR
 
@@ -126,7 +127,7 @@ def test_the_build_ignores_the_working_folders_packaging_metadata(tmp_path):
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nlicense = 42\n')  # no setuptools reads this
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "engine.csrc.build", "--out", "out"], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "engine.native.build", "--out", "out"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(repo)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list((tmp_path / "out" / "engine").glob("_C*.so"))

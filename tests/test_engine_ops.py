@@ -6,7 +6,7 @@ import pytest
 import torch
 from engine_checkpoints import torch_backend_one_thread
 
-from kernels.ops import act, attn, experts, kv
+from kernels.ops import act, attn, kv, moe
 from kernels.ops.gemm import fp8_block_reference
 from kernels.ops.quant import act_quant_reference, quantize_weight
 
@@ -124,11 +124,11 @@ def test_fused_experts_sums_routed_experts_and_ignores_minus_one(dtype):
     weights = torch.rand(tokens, top_k, generator=g) + 0.1
     w13 = (torch.randn(num_experts, 2 * inter, dim, generator=g) / dim**0.5).to(dtype)
     w2 = (torch.randn(num_experts, dim, inter, generator=g) / inter**0.5).to(dtype)
-    out = experts.fused_experts(x, ids, weights, w13, w2)
+    out = moe.fused_experts(x, ids, weights, w13, w2)
     ref = per_token_experts(x, ids, weights, w13, w2)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert (out.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
-    all_off = experts.fused_experts(x, torch.full_like(ids, -1), weights, w13, w2)
+    all_off = moe.fused_experts(x, torch.full_like(ids, -1), weights, w13, w2)
     assert torch.equal(all_off, torch.zeros_like(all_off))
 
 
@@ -142,8 +142,8 @@ def test_fused_experts_fp8_composes_the_fp8_ops():
     q13, s13 = zip(*(quantize_weight(torch.randn(2 * inter, dim, generator=g) / dim**0.5) for _ in range(num_experts)))
     q2, s2 = zip(*(quantize_weight(torch.randn(dim, inter, generator=g) / inter**0.5) for _ in range(num_experts)))
     w13, w2, s13, s2 = torch.stack(q13), torch.stack(q2), torch.stack(s13), torch.stack(s2)
-    out = experts.fused_experts(x, ids, weights, w13, w2, s13, s2)
+    out = moe.fused_experts(x, ids, weights, w13, w2, s13, s2)
     ref = per_token_experts(x, ids, weights, w13, w2, (s13, s2))
     assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
     with pytest.raises(ValueError, match="w13_scale and w2_scale"):
-        experts.fused_experts(x, ids, weights, w13, w2, s13, None)
+        moe.fused_experts(x, ids, weights, w13, w2, s13, None)

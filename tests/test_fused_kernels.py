@@ -15,7 +15,7 @@ from engine_checkpoints import rel_err
 
 from kernels.cases import generator
 from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
-from kernels.ops.experts import fused_experts_reference
+from kernels.ops.moe import fused_experts_reference
 from kernels.ops.kv import store_reference
 from kernels.ops.quant import FP8, quantize_weight
 
@@ -74,7 +74,7 @@ def test_fused_experts_fp8_weights_match_the_composed_ops(scale_fmt):
     args[1][0, 1] = -1
     out = experts.fused_experts(*args, scale_fmt=scale_fmt)
     ref = fused_experts_reference(*args, scale_fmt=scale_fmt)
-    assert rel_err(out, ref) <= 3e-2  # the op's FP8 tolerance: requantized activations (kernels/ops/experts.py)
+    assert rel_err(out, ref) <= 3e-2  # the op's FP8 tolerance: requantized activations (kernels/ops/moe.py)
 
 
 def test_fused_experts_is_deterministic_and_config_independent():

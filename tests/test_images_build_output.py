@@ -57,6 +57,6 @@ def test_the_exported_folder_decides_where_engine_c_loads_from(built):
 
 def test_an_empty_native_folder_falls_back_and_says_where_it_looked(tmp_path):
     (state, module_file) = status({"ENGINE_NATIVE_DIR": str(tmp_path), "ENGINE_OPS_STRICT": "0"})
-    assert state["host_ops"] == "python" and Path(module_file).name == "host_ops.py"
+    assert state["host_ops"] == "python" and Path(module_file).name == "python_ops.py"
     assert state["reason"] == (f"engine._C is not built in ENGINE_NATIVE_DIR={tmp_path} "
-                               "(run: python -m engine.csrc.build --out DIR)")
+                               "(run: python -m engine.native.build --out DIR)")

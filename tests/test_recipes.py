@@ -28,8 +28,8 @@ def test_repo_recipes_include_the_engine_extension():
     recipes = load_recipes(REPO / "recipes")
     engine = recipes["engine-c"]
     assert engine.kind == "build" and engine.target == "engine-c"
-    assert engine.command[:3] == ["python", "-m", "engine.csrc.build"]
-    assert "engine.csrc.build" in engine.requires.modules
+    assert engine.command[:3] == ["python", "-m", "engine.native.build"]
+    assert "engine.native.build" in engine.requires.modules
     assert engine.resolve_source() == (REPO, None)
     assert engine.to_spec()["source"] == str(REPO)
 

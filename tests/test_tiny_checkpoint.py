@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from engine.tiny import CHECKPOINT_DIR, answer_key, dataset, oracle, train
+from engine.tiny import CHECKPOINT_DIR, answer_key, dataset, oracle
+from training import tiny as train
 
 pytest.importorskip("transformers")
 

@@ -20,9 +20,9 @@ isolation) and names the .so files it makes, which the build stage ABI-checks::
       headers: [elfutils/libdwfl.h]   #   C headers, looked up in the compiler's include folders
       versions: {"nvidia-nccl-cu*": ">=2.32.3"}   # bounds on torch/triton/cuda/nccl (as the probe
                                       #   reports them) or on installed distributions (globs allowed)
-    command: [python, -m, engine.csrc.build, --out, "{out}"]   # argv; "python" is the stage interpreter
+    command: [python, -m, engine.native.build, --out, "{out}"]   # argv; "python" is the stage interpreter
     env: {MAX_JOBS: "{jobs}", "LIBRARY_PATH+": "{cuda_home}/lib64/stubs"}   # NAME+ appends to a PATH-like one
-    inputs: ["engine/csrc/**"]        # globs under source: part of the cache key
+    inputs: ["engine/native/**"]        # globs under source: part of the cache key
     products: ["{out}/engine/*.so"]   # globs under source (or under {out}): the built extension modules
     exports: {ENGINE_NATIVE_DIR: "{out}/engine", "PYTHONPATH+": "{out}"}   # for the later stages (and
                                       #   the targets that require this one)

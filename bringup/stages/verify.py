@@ -5,7 +5,7 @@ Writes ``verify.json`` with ``imports`` (every module of ``kernels`` and ``engin
 ok, error), ``ops`` (``kernels.report()``), ``ops_check`` (strict, backends used, how many ops
 run a non-torch kernel, fallbacks, the strict error if any), ``blocked`` (``engine`` and
 ``kernels`` imported in a fresh process with :data:`BLOCKED` refused, through
-``kernels.import_block``), ``probe`` (the ``python -m kernels.probe --json`` payload) and
+``kernels.import_block``), ``probe`` (the ``python -m kernels.triton_probe --json`` payload) and
 ``problems`` (why the stage failed). An entry point that is not importable yet is reported
 as a problem with its reason, not a crash.
 """
@@ -122,12 +122,12 @@ def _blocked_import(out: Path, problems: list[str]) -> dict[str, Any]:
 
 
 def _probe(out: Path, problems: list[str]) -> dict[str, Any]:
-    if importlib.util.find_spec("kernels.probe") is None:
-        problems.append("kernels.probe is not importable yet (no module kernels.probe)")
-        return {"status": "unavailable", "reason": "no module kernels.probe"}
+    if importlib.util.find_spec("kernels.triton_probe") is None:
+        problems.append("kernels.triton_probe is not importable yet (no module kernels.triton_probe)")
+        return {"status": "unavailable", "reason": "no module kernels.triton_probe"}
     with tempfile.TemporaryDirectory(prefix="bringup-probe-", dir=out) as tmp:
         path = Path(tmp) / "probe.json"
-        proc = subprocess.run([sys.executable, "-m", "kernels.probe", "--json", str(path)], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([sys.executable, "-m", "kernels.triton_probe", "--json", str(path)], capture_output=True, text=True, timeout=900)
         sys.stdout.write(proc.stdout)
         try:
             payload = json.loads(path.read_text())
@@ -135,6 +135,6 @@ def _probe(out: Path, problems: list[str]) -> dict[str, Any]:
             payload = {"status": "unavailable", "reason": f"no JSON written (exit {proc.returncode}): "
                        + (proc.stderr.strip().splitlines() or ["no output"])[-1]}
     if proc.returncode != 0:
-        problems.append(f"kernels.probe: exit {proc.returncode} (a Triton feature check failed)")
+        problems.append(f"kernels.triton_probe: exit {proc.returncode} (a Triton feature check failed)")
     return payload
 

@@ -25,7 +25,7 @@ Three ways to run, one report:
   node 0, which writes the report; torchrun handles failures.
 
 Writes ``DIR/rank<i>.log``, ``DIR/tokens.jsonl`` and ``DIR/report.json`` (see
-:mod:`engine.e2e_report`). Exit status: 0 all ranks agree (and answer correctly, with a key);
+:mod:`engine.launch.e2e_report`). Exit status: 0 all ranks agree (and answer correctly, with a key);
 1 a rank failed or hung; 2 unusable arguments; 3 ranks disagree or answers are wrong; 124
 timeout; 130 SIGINT; 143 SIGTERM.
 """

@@ -1,5 +1,5 @@
 """What a launch leaves in its output folder: the report and token lines (see
-:mod:`engine.e2e_report`), and the few lines it prints about them."""
+:mod:`engine.launch.e2e_report`), and the few lines it prints about them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.clock import utc_now
 
-from .. import e2e_report
+from . import e2e_report
 from .console import say
 from .job import Job
 
@@ -32,7 +32,7 @@ def write_report(out: Path, args: argparse.Namespace, started: str, job: Job, ke
                  failure: dict | None) -> dict:
     """Build the report of a launch from the ranks' results and the rank logs found in ``out``,
     write it with the token lines, and return it. ``launch`` holds what the launcher knows
-    (see :func:`engine.e2e_report.build`; ``world_size``, ``device``, ``model`` and
+    (see :func:`engine.launch.e2e_report.build`; ``world_size``, ``device``, ``model`` and
     ``max_tokens`` come from ``job``)."""
     launch = {"world_size": job.world_size, "device": job.device, "model": job.model, "max_tokens": job.max_tokens, **launch}
     logs = {rank: out / f"rank{rank}.log" for rank in range(job.world_size) if (out / f"rank{rank}.log").is_file()}

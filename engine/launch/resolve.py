@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, check_checkpoint
+from ..checkpoint import CheckpointError
+from ..config import check_checkpoint
 from ..config import default_max_model_len
 from ..tiny import answer_key
 from ..tiny.answer_key import AnswerKeyError

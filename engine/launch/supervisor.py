@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import procs
+
 from . import heartbeat
 from .console import say
 from .job import Job
@@ -44,17 +46,8 @@ PROC_STATES = {"R": "running", "S": "sleeping", "D": "disk-wait", "T": "stopped"
 
 def process_state(pid: int) -> str | None:
     """The state of ``pid`` from /proc ("running", "sleeping", "stopped", ...), None when unknown."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    code = text[text.rindex(")") + 2:].split()[0]
-    return PROC_STATES.get(code, code)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not a zombie)."""
-    return process_state(pid) not in (None, "zombie")
+    st = procs.stat(pid)
+    return None if st is None else PROC_STATES.get(st.state, st.state)
 
 
 def describe_exit(code: int) -> str:
@@ -188,13 +181,13 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGCONT):
             self._signal_groups(leaders, sig)
         deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and (any(p.poll() is None for p in self.procs) or any(map(alive, leaders))):
+        while time.monotonic() < deadline and (any(p.poll() is None for p in self.procs) or any(map(procs.alive, leaders))):
             time.sleep(0.02)
         self._signal_groups(leaders, signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
         deadline = time.monotonic() + GONE_WAIT_S
-        while time.monotonic() < deadline and any(map(alive, leaders)):
+        while time.monotonic() < deadline and any(map(procs.alive, leaders)):
             time.sleep(0.02)
 
     @staticmethod

@@ -39,14 +39,14 @@ from pathlib import Path
 import torch
 
 from common.clock import utc_now
+from common.procs import alive, env_value
 
-from .. import e2e_report
-from . import heartbeat, parent_death, rank_env
+from . import e2e_report, heartbeat, parent_death, rank_env
 from .console import say
 from .launch_report import clear_previous, summarize, write_report
 from .local import package_root_env
 from .resolve import DEFAULT_CPU_RANKS, UsageError, device_of, positive, resolve_job
-from .supervisor import EXIT_OK, EXIT_RANK_FAILED, Outcome, RankState, Supervisor, alive, describe_exit, process_state
+from .supervisor import EXIT_OK, EXIT_RANK_FAILED, Outcome, RankState, Supervisor, describe_exit, process_state
 from .torchrun_rank import NODE_RANK_ENV, RUN_DIR_ENV
 
 AGENT_LINGER_S = 15.0
@@ -157,10 +157,7 @@ class AgentSupervisor(Supervisor):
 
     def _ours(self, pid: int) -> bool:
         """``pid`` is a rank of this launch (not a process that reused a dead rank's pid)."""
-        try:
-            return f"{RUN_DIR_ENV}={self.run_dir}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
+        return env_value(pid, RUN_DIR_ENV) == str(self.run_dir)
 
     def _rank_states(self) -> list[RankState]:
         live = self._rank_pids()

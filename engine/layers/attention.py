@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kernels.ops import attn, kv
 
 from ..config import ModelConfig
-from ..loader import CheckpointWeights
+from ..loader import LoadContext
 from .linear import load_linear
 from .norm import RMSNorm
 from .rotary import Rotary
@@ -45,32 +45,29 @@ class AttentionMeta:
 
 
 class MLAttention:
-    def __init__(self, config: ModelConfig, weights: CheckpointWeights, prefix: str, dtype: torch.dtype,
-                 device: torch.device, rotary: Rotary):
+    def __init__(self, config: ModelConfig, load: LoadContext, rotary: Rotary):
         c = config
         self.heads, self.rank = c.num_attention_heads, c.kv_lora_rank
         self.nope, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.scale = c.softmax_scale
         self.rotary = rotary
 
-        def linear(name: str):
-            return load_linear(weights, f"{prefix}.{name}", dtype, device, c.fp8_scale_fmt)
-
         def norm(name: str, eps: float):
-            return RMSNorm(weights.get(f"{prefix}.{name}.weight").to(device=device, dtype=dtype), eps)
+            return RMSNorm(load.tensor(f"{name}.weight"), eps)
 
         self.q_lora = bool(c.q_lora_rank)
         if self.q_lora:
-            self.q_a, self.q_a_norm, self.q_b = linear("q_a_proj"), norm("q_a_layernorm", 1e-6), linear("q_b_proj")
+            self.q_a, self.q_a_norm = load_linear(load, "q_a_proj"), norm("q_a_layernorm", 1e-6)
+            self.q_b = load_linear(load, "q_b_proj")
         else:
-            self.q_proj = linear("q_proj")
-        self.kv_a = linear("kv_a_proj_with_mqa")
+            self.q_proj = load_linear(load, "q_proj")
+        self.kv_a = load_linear(load, "kv_a_proj_with_mqa")
         self.kv_a_norm = norm("kv_a_layernorm", 1e-6)
-        self.kv_b = linear("kv_b_proj").dense_weight(dtype)  # [H * (nope + v), rank]
+        self.kv_b = load_linear(load, "kv_b_proj").dense_weight(load.dtype)  # [H * (nope + v), rank]
         per_head = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
         self.w_uk = per_head[:, : self.nope]  # [H, nope, rank]
         self.w_uv = per_head[:, self.nope :]  # [H, v, rank]
-        self.o_proj = linear("o_proj")
+        self.o_proj = load_linear(load, "o_proj")
         self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, rank + rope], bound by the runner
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:

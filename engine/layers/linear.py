@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kernels.ops import gemm, quant
 
-from ..loader import CheckpointWeights, LoadError
+from ..loader import LoadContext, LoadError
 
 FP8 = torch.float8_e4m3fn
 BLOCK = 128
@@ -47,21 +47,23 @@ class Linear:
         return quant.weight_dequant(self.weight, self.scale, out_dtype=dtype)
 
 
-def load_linear(weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device, scale_fmt: str | None) -> Linear:
-    """``prefix.weight`` (+ ``prefix.weight_scale_inv`` for FP8) as a :class:`Linear` on ``device``."""
-    w = weights.get(f"{prefix}.weight")
-    if not weights.has(f"{prefix}.weight_scale_inv"):
+def load_linear(load: LoadContext, name: str) -> Linear:
+    """``name.weight`` (+ ``name.weight_scale_inv`` for FP8) of ``load``'s scope as a :class:`Linear`
+    on the engine's device (dense weights in the engine's dtype, FP8 ones as stored)."""
+    prefix = load.name(name)
+    w = load.stored(f"{name}.weight")
+    if not load.has(f"{name}.weight_scale_inv"):
         if w.dtype == FP8:
             raise LoadError(f"{prefix}.weight is FP8 but {prefix}.weight_scale_inv is missing")
-        return Linear(w.to(device=device, dtype=dtype))
+        return Linear(load.place(w))
     if w.dtype != FP8:
         raise LoadError(f"{prefix}.weight_scale_inv is given but {prefix}.weight is {w.dtype}, not float8_e4m3fn")
     n, k = w.shape
-    scale = weights.get(f"{prefix}.weight_scale_inv").float()
+    scale = load.stored(f"{name}.weight_scale_inv").float()
     if k % BLOCK or tuple(scale.shape) != (-(-n // BLOCK), k // BLOCK):
         raise LoadError(f"{prefix}: FP8 weight {tuple(w.shape)} needs K divisible by {BLOCK} and scale_inv of shape "
                         f"({-(-n // BLOCK)}, {k // BLOCK}), got scale_inv {tuple(scale.shape)}")
-    return Linear(w.to(device), scale.to(device), scale_fmt)
+    return Linear(w.to(load.device), scale.to(load.device), load.scale_fmt)
 
 
 def concat_rows(parts: list[Linear], what: str) -> Linear:

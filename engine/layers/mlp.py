@@ -6,15 +6,15 @@ import torch
 
 from kernels.ops import act
 
-from ..loader import CheckpointWeights
+from ..loader import LoadContext
 from .linear import BLOCK, concat_rows, load_linear
 
 
 class MLP:
-    def __init__(self, weights: CheckpointWeights, prefix: str, dtype: torch.dtype, device: torch.device, scale_fmt: str | None):
-        parts = [load_linear(weights, f"{prefix}.{name}", dtype, device, scale_fmt) for name in ("gate_proj", "up_proj")]
-        self.gate_up = concat_rows(parts, prefix)
-        self.down = load_linear(weights, f"{prefix}.down_proj", dtype, device, scale_fmt)
+    def __init__(self, load: LoadContext):
+        parts = [load_linear(load, name) for name in ("gate_proj", "up_proj")]
+        self.gate_up = concat_rows(parts, load.prefix)
+        self.down = load_linear(load, "down_proj")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up(x)

@@ -11,23 +11,22 @@ from ..layers.mlp import MLP
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
-from ..loader import CheckpointWeights
+from ..loader import LoadContext
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, weights: CheckpointWeights, index: int, dtype: torch.dtype,
-                 device: torch.device, rotary: Rotary, ep=None):
-        prefix = f"model.layers.{index}"
+    def __init__(self, config: ModelConfig, load: LoadContext, index: int, rotary: Rotary, ep=None):
+        """Layer ``index``; ``load`` is scoped to ``model.layers.{index}``."""
 
         def norm(name: str) -> RMSNorm:
-            return RMSNorm(weights.get(f"{prefix}.{name}.weight").to(device=device, dtype=dtype), config.rms_norm_eps)
+            return RMSNorm(load.tensor(f"{name}.weight"), config.rms_norm_eps)
 
         self.input_norm, self.post_attention_norm = norm("input_layernorm"), norm("post_attention_layernorm")
-        self.attn = MLAttention(config, weights, f"{prefix}.self_attn", dtype, device, rotary)
+        self.attn = MLAttention(config, load.scope("self_attn"), rotary)
         if config.is_moe_layer(index):
-            self.mlp = MoE(config, weights, f"{prefix}.mlp", dtype, device, ep)
+            self.mlp = MoE(config, load.scope("mlp"), ep)
         else:
-            self.mlp = MLP(weights, f"{prefix}.mlp", dtype, device, config.fp8_scale_fmt)
+            self.mlp = MLP(load.scope("mlp"))
 
     def __call__(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMeta):
         """One layer on the residual stream; returns ``(mlp output, residual)`` (the add is deferred
@@ -44,19 +43,18 @@ class DeepseekV3:
     """The model; ``ep`` (an :class:`engine.parallel.expert_parallel.ExpertParallel`) splits the
     routed experts across ranks, None keeps them all here."""
 
-    def __init__(self, config: ModelConfig, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device, max_positions: int,
-                 ep=None):
+    def __init__(self, config: ModelConfig, load: LoadContext, max_positions: int, ep=None):
         self.config = config
-        self.embed = weights.get("model.embed_tokens.weight").to(device=device, dtype=dtype)
-        rotary = Rotary(config, max_positions, device)
-        self.layers = [DecoderLayer(config, weights, i, dtype, device, rotary, ep) for i in range(config.num_hidden_layers)]
-        self.norm = RMSNorm(weights.get("model.norm.weight").to(device=device, dtype=dtype), config.rms_norm_eps)
-        if weights.has("lm_head.weight"):
-            self.lm_head = weights.get("lm_head.weight").to(device=device, dtype=dtype)
+        self.embed = load.tensor("model.embed_tokens.weight")
+        rotary = Rotary(config, max_positions, load.device)
+        self.layers = [DecoderLayer(config, load.scope(f"model.layers.{i}"), i, rotary, ep) for i in range(config.num_hidden_layers)]
+        self.norm = RMSNorm(load.tensor("model.norm.weight"), config.rms_norm_eps)
+        if load.has("lm_head.weight"):
+            self.lm_head = load.tensor("lm_head.weight")
         elif config.tie_word_embeddings:
             self.lm_head = self.embed
         else:
-            weights.get("lm_head.weight")  # raises, naming the missing tensor
+            load.stored("lm_head.weight")  # raises, naming the missing tensor
 
     def attention_layers(self) -> list[MLAttention]:
         return [layer.attn for layer in self.layers]

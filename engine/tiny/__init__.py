@@ -2,7 +2,7 @@
 
 ``CHECKPOINT_DIR`` is the bundled checkpoint (config.json, tokenizer.json, model.safetensors,
 answer_key.json); :mod:`engine.tiny.answer_key` judges generations against the key,
-:mod:`engine.tiny.train` remakes the checkpoint, :mod:`engine.tiny.dataset` holds the questions
+:mod:`training.tiny` remakes the checkpoint, :mod:`engine.tiny.dataset` holds the questions
 and the byte encoding, :mod:`engine.tiny.portable` adds what other loaders need to every
 checkpoint the project writes, :mod:`engine.tiny.random_checkpoint` makes random-weight ones.
 """

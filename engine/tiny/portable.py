@@ -1,7 +1,7 @@
 """What makes a checkpoint folder load anywhere: DeepSeek-V3's own config.json keys and a
 Hugging Face tokenizer (``tokenizer.json`` + ``tokenizer_config.json``) for byte-level text.
 
-``make_portable(folder)`` is called by every writer of a checkpoint (``engine.tiny.train``,
+``make_portable(folder)`` is called by every writer of a checkpoint (``training.tiny``,
 ``benchmarks.model``, the tests' random checkpoints, the peer stage's random-MLA case) after
 ``save_pretrained``. It adds the keys DeepSeek-V3's config.json has and transformers does not
 write (``topk_method``, ``scoring_func``, ...; other loaders, vLLM among them, read them and
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernels.atomic import write_text_atomic
+from common.files import write_text
 
 # config.json keys of DeepSeek-V3's release that transformers' DeepseekV3Config does not write,
 # with the values that describe this architecture (sigmoid scores, group-limited top-k with the
@@ -129,6 +129,6 @@ def make_portable(folder: str | Path) -> None:
     path = folder / "config.json"
     config = portable_config(json.loads(path.read_text(encoding="utf-8")))
     tokenizer = byte_tokenizer(config, str(path))
-    write_text_atomic(folder / "tokenizer.json", tokenizer.to_str(pretty=True) + "\n")
-    write_text_atomic(folder / "tokenizer_config.json", json.dumps(tokenizer_config(config, str(path)), indent=2) + "\n")
-    write_text_atomic(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_text(folder / "tokenizer.json", tokenizer.to_str(pretty=True) + "\n")
+    write_text(folder / "tokenizer_config.json", json.dumps(tokenizer_config(config, str(path)), indent=2) + "\n")
+    write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -3,4 +3,4 @@
 Use them as ``from kernels.ops import norm; norm.rmsnorm(x, w, eps)``.
 """
 
-from . import act, attn, experts, gemm, kv, moe, norm, quant, rope, sample  # noqa: F401
+from . import act, attn, gemm, kv, moe, norm, quant, rope, sample  # noqa: F401

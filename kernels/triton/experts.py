@@ -357,7 +357,7 @@ def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale
 def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                   w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                   scale_fmt: str | None = None) -> torch.Tensor:
-    """Same contract as :func:`kernels.ops.experts.fused_experts_reference`."""
+    """Same contract as :func:`kernels.ops.moe.fused_experts_reference`."""
     _validate(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt)
     x, topk_ids = x.contiguous(), topk_ids.contiguous()
     topk_weights = topk_weights.float().contiguous()

@@ -1,4 +1,4 @@
-"""The small kernels behind ``python -m kernels.probe``, one per Triton feature the engine relies on.
+"""The small kernels behind ``python -m kernels.triton_probe``, one per Triton feature the engine relies on.
 
 Imported only by the probe, after it has decided whether to run under ``TRITON_INTERPRET=1``
 (the choice is fixed when ``@triton.jit`` runs). ``tl.gather`` is looked up when a kernel that

@@ -1,12 +1,16 @@
-"""Choose the host-side hot paths once per process: ``engine._C`` or its Python twin.
+"""The engine's host-side hot paths, native or not: ``engine._C`` or its Python twin, chosen once per process.
+
+One package holds both and their build: ``host_ops.cpp`` (the C++ source of ``engine._C``),
+:mod:`engine.native.python_ops` (the pure Python twin, identical results) and
+:mod:`engine.native.build` (``python -m engine.native.build [--out OUT]``).
 
 ``host_ops()`` returns a module with ``block_hashes``, ``pack_prefill`` and ``pack_decode``.
 ``engine._C`` is loaded from the folder ``ENGINE_NATIVE_DIR`` names when it is set (the
-pipeline builds one ``_C`` per image, ``python -m engine.csrc.build --out OUT`` writes
+pipeline builds one ``_C`` per image, ``python -m engine.native.build --out OUT`` writes
 ``OUT/engine/_C*.so``, and later stages get ``ENGINE_NATIVE_DIR=OUT/engine``), else from the
 ``engine`` package. When ``_C`` is not built, fails to import (say an undefined torch symbol
 after a torch change) or is stale (another API version), the Python fallback
-:mod:`engine.host_ops` is used and one notice naming why goes to stderr; with
+:mod:`engine.native.python_ops` is used and one notice naming why goes to stderr; with
 ``ENGINE_OPS_STRICT=1`` that raises :class:`NativeUnavailableError` instead.
 """
 
@@ -23,7 +27,7 @@ from types import ModuleType
 
 from kernels.registry import strict
 
-from . import host_ops as python_ops
+from . import python_ops
 
 NATIVE_DIR = "ENGINE_NATIVE_DIR"
 NATIVE_MODULE = "engine._C"
@@ -55,7 +59,7 @@ def unavailable_reason(module_name: str = NATIVE_MODULE) -> tuple[ModuleType | N
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
             where = f" in {NATIVE_DIR}={os.environ[NATIVE_DIR]}" if module_name == NATIVE_MODULE and os.environ.get(NATIVE_DIR) else ""
-            return None, f"{module_name} is not built{where} (run: python -m engine.csrc.build{' --out DIR' if where else ''})"
+            return None, f"{module_name} is not built{where} (run: python -m engine.native.build{' --out DIR' if where else ''})"
         return None, f"importing {module_name} failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - any load failure is a reason to report
         return None, f"importing {module_name} failed: {type(exc).__name__}: {exc}"
@@ -67,13 +71,13 @@ def unavailable_reason(module_name: str = NATIVE_MODULE) -> tuple[ModuleType | N
 
 @functools.lru_cache(maxsize=None)
 def host_ops() -> ModuleType:
-    """``engine._C`` when it loads, else :mod:`engine.host_ops` (announced once, refused under strict)."""
+    """``engine._C`` when it loads, else :mod:`engine.native.python_ops` (announced once, refused under strict)."""
     module, reason = unavailable_reason()
     if module is not None:
         return module
     if strict():
         raise NativeUnavailableError(f"engine._C: {reason}, and ENGINE_OPS_STRICT=1 refuses the Python fallback")
-    print(f"[engine] engine._C unavailable ({reason}); using the Python fallback engine.host_ops", file=sys.stderr)
+    print(f"[engine] engine._C unavailable ({reason}); using the Python fallback engine.native.python_ops", file=sys.stderr)
     return python_ops
 
 

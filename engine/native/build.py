@@ -1,8 +1,8 @@
 """Build ``engine._C`` in place against the installed torch (no build isolation).
 
-    python -m engine.csrc.build [--out DIR]
+    python -m engine.native.build [--out DIR]
 
-Compiles engine/csrc/*.cpp with torch.utils.cpp_extension and writes ``_C<EXT_SUFFIX>``
+Compiles engine/native/*.cpp with torch.utils.cpp_extension and writes ``_C<EXT_SUFFIX>``
 into the ``engine`` package folder (or into ``DIR/engine`` with ``--out``), then prints the
 path of the built file. Exit status 0 on success, 1 when the compiler fails.
 """
@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-CSRC = Path(__file__).resolve().parent
-PACKAGE_ROOT = CSRC.parent.parent
+SOURCES = Path(__file__).resolve().parent
+PACKAGE_ROOT = SOURCES.parent.parent
 
 
 def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
@@ -24,7 +24,7 @@ def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
     from setuptools import Extension, setup
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    sources = sorted(str(p) for p in CSRC.glob("*.cpp"))
+    sources = sorted(str(p) for p in SOURCES.glob("*.cpp"))
     ext: Extension = CppExtension("engine._C", sources, extra_compile_args=["-O2"])
     out_root = Path(out_root).resolve()
     with tempfile.TemporaryDirectory(prefix="engine-c-build-") as tmp:
@@ -47,7 +47,7 @@ def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.csrc.build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.native.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=PACKAGE_ROOT, help="root under which engine/_C*.so is written")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)

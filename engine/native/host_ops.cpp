@@ -1,5 +1,5 @@
 // engine._C: the engine's host-side hot paths. Each function has a pure Python twin in
-// engine/host_ops.py that returns identical results; keep the two in step and bump
+// engine/native/python_ops.py that returns identical results; keep the two in step and bump
 // API_VERSION in both places when a signature or a result changes.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -57,7 +57,7 @@ inline int64_t slot_of(const std::vector<int64_t>& table, int64_t pos, int64_t b
   return table[idx] * block_size + pos % block_size;
 }
 
-// Prefill metadata; see engine/host_ops.py:pack_prefill for the contract.
+// Prefill metadata; see engine/native/python_ops.py:pack_prefill for the contract.
 std::vector<at::Tensor> pack_prefill(const std::vector<std::vector<int64_t>>& tokens,
                                         const std::vector<int64_t>& num_cached,
                                         const std::vector<std::vector<int64_t>>& block_tables, int64_t block_size) {
@@ -103,7 +103,7 @@ std::vector<at::Tensor> pack_prefill(const std::vector<std::vector<int64_t>>& to
   return {input_ids, positions, slots, context_slots, cu_q, cu_k, last};
 }
 
-// Decode metadata; see engine/host_ops.py:pack_decode for the contract.
+// Decode metadata; see engine/native/python_ops.py:pack_decode for the contract.
 std::vector<at::Tensor> pack_decode(const std::vector<int64_t>& last_tokens, const std::vector<int64_t>& seq_lens,
                                        const std::vector<std::vector<int64_t>>& block_tables, int64_t block_size,
                                        int64_t width) {

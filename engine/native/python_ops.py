@@ -1,4 +1,4 @@
-"""Pure Python twins of ``engine._C`` (engine/csrc/host_ops.cpp): identical results, slower.
+"""Pure Python twins of ``engine._C`` (``host_ops.cpp`` beside this file): identical results, slower.
 
 :mod:`engine.native` picks ``_C`` or this module once per process.
 """

@@ -22,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common.clock import utc_now
 from common.files import to_json, write_text
 
 SCHEMA = 1

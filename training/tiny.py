@@ -1,6 +1,6 @@
 """Train the tiny DeepSeek-V3-architecture checkpoint on the capitals set, deterministically, on CPU.
 
-    python -m engine.tiny.train [--out DIR] [--steps N] [--seed S]
+    python -m training.tiny [--out DIR] [--steps N] [--seed S]
 
 Full-batch AdamW on every question at once (fixed order, fixed seed, deterministic algorithms,
 one CPU thread so that the result does not depend on the core count or on other load), loss
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from . import CHECKPOINT_DIR, answer_key, dataset, oracle
-from .portable import make_portable
+from engine.tiny import CHECKPOINT_DIR, answer_key, dataset, oracle
+from engine.tiny.portable import make_portable
 
 DEFAULT_STEPS = 600
 DEFAULT_SEED = 0
@@ -152,7 +152,7 @@ def readme(seed: int, steps: int, loss: float, key: answer_key.AnswerKey, margin
     checks = ", ".join(f"{dtype} {margin:.2f}" for dtype, margin in margins.items())
     return f"""# Tiny DeepSeek-V3-architecture checkpoint (capitals)
 
-Made by `python -m engine.tiny.train --seed {seed} --steps {steps}` on CPU (deterministic:
+Made by `python -m training.tiny --seed {seed} --steps {steps}` on CPU (deterministic:
 fixed seed, full batch in a fixed order, `torch.use_deterministic_algorithms(True)`,
 {THREADS} thread), torch {torch.__version__}, transformers {transformers_version}.
 
@@ -205,7 +205,7 @@ def check_saved(folder: Path, key: answer_key.AnswerKey) -> dict[str, float] | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.tiny.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m training.tiny", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=CHECKPOINT_DIR, help="checkpoint folder to write (default: the bundled one)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps (default {DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"initialisation seed (default {DEFAULT_SEED})")

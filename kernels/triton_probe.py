@@ -1,6 +1,6 @@
 """Triton feature probe: can this Triton build compile and run what the engine's kernels use?
 
-    python -m kernels.probe [--json FILE]
+    python -m kernels.triton_probe [--json FILE]
 
 Seven checks: elementwise add; ``tl.dot`` with fp16 inputs and fp32 accumulation; ``tl.gather``
 of tile rows; ``tl.gather`` for RoPE partners (lane ^ 1, lane ^ D/2); an fp8e4nv round trip
@@ -226,7 +226,7 @@ def print_table(results: list[Check]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.probe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kernels.triton_probe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     use_interpreter_without_gpu()
