@@ -12,15 +12,6 @@ IGNORED_PARTS = {"__pycache__", ".git", ".pytest_cache", "build", "dist"}
 IGNORED_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".swp")
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def hash_json(value: Any) -> str:
     """sha256 of the canonical JSON form of ``value``."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()

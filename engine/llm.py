@@ -6,8 +6,8 @@ from typing import Sequence as Seq
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .native.python_ops import MASK64, mix64
 from .model_runner import ModelRunner, StepResult
+from .native.python_ops import MASK64, mix64
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence

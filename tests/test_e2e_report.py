@@ -11,8 +11,7 @@ import traceback
 import pytest
 
 from bringup.diff.tokens import read_generations
-from engine.launch import e2e_report
-from engine.launch import rank_env
+from engine.launch import e2e_report, rank_env
 from engine.launch.prompts import PromptsError, load_prompts
 from engine.tiny.answer_key import from_json
 

@@ -15,8 +15,8 @@ from engine_checkpoints import rel_err
 
 from kernels.cases import generator
 from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
-from kernels.ops.moe import fused_experts_reference
 from kernels.ops.kv import store_reference
+from kernels.ops.moe import fused_experts_reference
 from kernels.ops.quant import FP8, quantize_weight
 
 triton = pytest.importorskip("triton")

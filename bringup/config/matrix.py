@@ -65,6 +65,7 @@ from bringup.docker.offline_base import IMAGES_DIR, OFFLINE_PREFIX, RECIPE_FILE,
 from bringup.errors import ConfigError
 from bringup.hashing import hash_json
 from bringup.paths import DEFAULT_MATRIX, PROJECT_RECIPES, shown
+from common.token_diff import NEAR_TIE_MARGIN
 
 EXPECT_KEYS = ("torch", "triton", "cuda", "nccl")
 RUNNERS = ("local", "docker")
@@ -119,7 +120,7 @@ class Image:
 
 @dataclass(frozen=True)
 class DiffSettings:
-    near_tie_margin: float = 1.0
+    near_tie_margin: float = NEAR_TIE_MARGIN
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bringup.config.validate import At, expected, mapping, string, string_list
-from bringup.hashing import file_sha256
+from common.files import file_sha256
 
 KINDS = {"tarball": r".+\.(tar|tar\.gz|tgz|tar\.xz|txz|tar\.bz2|tbz2)", "wheel": r".+\.(whl|zip)"}
 FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"

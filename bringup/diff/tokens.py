@@ -7,8 +7,18 @@ from pathlib import Path
 
 from bringup.diff.inputs import UnusableInput
 from common import token_diff
-from common.token_diff import (IDENTICAL, MISMATCH, NEAR_TIE, REAL, Divergence, Generation, classify, compare_generations,
-                               first_divergence, logprob_deltas)
+from common.token_diff import (
+    IDENTICAL,
+    MISMATCH,
+    NEAR_TIE,
+    REAL,
+    Divergence,
+    Generation,
+    classify,
+    compare_generations,
+    first_divergence,
+    logprob_deltas,
+)
 
 __all__ = ["IDENTICAL", "MISMATCH", "NEAR_TIE", "REAL", "Divergence", "Generation", "classify", "compare_generations",
            "first_divergence", "logprob_deltas", "read_generations"]

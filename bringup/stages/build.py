@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from bringup.artifacts import BLOCKED, FAILED, PASSED, SKIPPED, read_json
-from bringup.hashing import file_sha256
 from bringup.stages.support import layers
 from bringup.stages.support.abi import OK, TorchInstall, check_abi
 from bringup.stages.support.build_source import prepare
 from bringup.stages.support.common import components, probe_versions, run_tee, stage_python
 from bringup.stages.support.prerequisites import cuda_home, cuda_missing, missing
+from common.files import file_sha256
 
 OUT = "{out}"
 SMOKE_STATUSES = (PASSED, FAILED, BLOCKED, SKIPPED)

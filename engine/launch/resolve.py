@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import CheckpointError
-from ..config import check_checkpoint
-from ..config import default_max_model_len
+from ..config import check_checkpoint, default_max_model_len
 from ..tiny import answer_key
 from ..tiny.answer_key import AnswerKeyError
 from ..tokenizer import load_tokenizer

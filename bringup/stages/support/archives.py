@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from bringup.hashing import file_sha256
+from common.files import file_sha256
 
 
 class SourceError(Exception):

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -87,12 +88,22 @@ def stop(proc: subprocess.Popen) -> None:
 
 def sweep_run() -> None:
     """Stop every other process of this run (``BRINGUP_RUN_ID``), such as one that left its
-    process group: with the owner gone, nobody else will."""
-    from bringup.runners.processes import kill_run
+    process group: with the owner gone, nobody else will (SIGTERM, SIGKILL after ``GRACE_S``)."""
     from bringup.runners.records import RUN_ENV
+    from common import procs
 
-    if os.environ.get(RUN_ENV):
-        kill_run(None, os.environ[RUN_ENV], GRACE_S)
+    run_id = os.environ.get(RUN_ENV)
+    if not run_id:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in procs.carrying(RUN_ENV, run_id):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + GRACE_S
+        while procs.carrying(RUN_ENV, run_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
