@@ -58,6 +58,26 @@ def write_json(path: str | Path, value: Any) -> None:
     write_text(path, to_json(value, indent=1) + "\n")
 
 
+class JsonFileError(ValueError):
+    """A file that should hold JSON does not; the message names the file and what is wrong."""
+
+
+def load_json(path: str | Path) -> Any:
+    """The JSON value in ``path``; JsonFileError when the file cannot be read, is not UTF-8, or is
+    not JSON (with the line and column)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise JsonFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonFileError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+
+
 def read_json(path: str | Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing, unreadable or not an object."""
     try:

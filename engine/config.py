@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from common.files import JsonFileError, load_json
 from kernels.ops.rope import yarn_mscale
 
 from .checkpoint import CheckpointError, check_tensors
@@ -99,11 +99,9 @@ class ModelConfig:
         if not path.is_file():
             raise ConfigError(f"{path}: no such file (a model directory needs config.json and *.safetensors)")
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+            raw = load_json(path)
+        except JsonFileError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw, path)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from fixtures.vendor_archives import RECIPES, REPO, TARGETS, tampered_copy, vendor_folder
 
-from bringup.hashing import file_sha256
+from common.files import file_sha256
 
 VENDOR, WHY = vendor_folder()
 pytestmark = [

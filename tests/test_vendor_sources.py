@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from fixtures.vendor_archives import RECIPES, pinned_spec, tampered_copy, vendor_folder
 
-from bringup.hashing import file_sha256
 from bringup.stages.support.archives import SourceError, absent_archives, assemble
+from common.files import file_sha256
 
 VENDOR, WHY = vendor_folder()
 pytestmark = pytest.mark.skipif(VENDOR is None, reason=WHY)

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from bringup.artifacts import FAILED, write_json
+from bringup.artifacts import FAILED, SKIPPED, write_json
 
 
 def result(status: str, detail: str, **fields: Any) -> dict[str, Any]:
@@ -55,6 +55,18 @@ def sm90_device() -> tuple[dict[str, Any] | None, str]:
     if major != 9:
         return None, f"{name} is compute capability {major}.{minor}; the smoke call runs on 9.x (Hopper)"
     return {"name": name, "capability": f"{major}.{minor}", "count": torch.cuda.device_count()}, ""
+
+
+def ready_on_sm90(name: str) -> tuple[ModuleType, dict[str, Any], dict[str, Any]] | dict[str, Any]:
+    """``(module, where it came from, the device)`` when ``name`` imports and an SM90 device is
+    here; else the result that ends the test: failed (no import) or skipped (no such device)."""
+    module, imported = import_module(name)
+    if module is None:
+        return result(FAILED, f"import {name} failed: {imported['error']}", imported=imported)
+    device, why = sm90_device()
+    if device is None:
+        return result(SKIPPED, f"imported {imported['file']}; {why}", imported=imported)
+    return module, imported, device
 
 
 def generator() -> tuple[Any, int]:

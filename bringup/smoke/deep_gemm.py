@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import sys
 
-from bringup.artifacts import FAILED, PASSED, SKIPPED
-from bringup.smoke.common import against_reference, generator, import_module, main, one_line, result, sm90_device
+from bringup.artifacts import FAILED, PASSED
+from bringup.smoke.common import against_reference, generator, main, one_line, ready_on_sm90, result
 
 M, N, K = 64, 2112, 7168   # a decode batch through DeepSeek-V3's fused q_a/kv_a projection
 
 
 def check() -> dict:
-    deep_gemm, imported = import_module("deep_gemm")
-    if deep_gemm is None:
-        return result(FAILED, f"import deep_gemm failed: {imported['error']}", imported=imported)
-    device, why = sm90_device()
-    if device is None:
-        return result(SKIPPED, f"imported {imported['file']}; {why}", imported=imported)
+    ready = ready_on_sm90("deep_gemm")
+    if isinstance(ready, dict):
+        return ready
+    deep_gemm, imported, device = ready
     import torch
 
     from kernels.cases import randn

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import sys
 
-from bringup.artifacts import FAILED, PASSED, SKIPPED
-from bringup.smoke.common import against_reference, generator, import_module, main, one_line, result, sm90_device
+from bringup.artifacts import FAILED, PASSED
+from bringup.smoke.common import against_reference, generator, main, one_line, ready_on_sm90, result
 
 BATCH, HEADS, RANK, ROPE, BLOCK, MAX_BLOCKS = 4, 16, 512, 64, 64, 8
 
 
 def check() -> dict:
-    flash_mla, imported = import_module("flash_mla")
-    if flash_mla is None:
-        return result(FAILED, f"import flash_mla failed: {imported['error']}", imported=imported)
-    device, why = sm90_device()
-    if device is None:
-        return result(SKIPPED, f"imported {imported['file']}; {why}", imported=imported)
+    ready = ready_on_sm90("flash_mla")
+    if isinstance(ready, dict):
+        return ready
+    flash_mla, imported, device = ready
     import torch
 
     from kernels.cases import randint, randn

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.files import JsonFileError, load_json
+
 from ..tiny import answer_key
 from ..tiny.answer_key import AnswerKey
 
@@ -48,9 +50,9 @@ def load_prompts(path: str | Path) -> list[str]:
                     raise PromptsError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
     elif path.suffix == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PromptsError(f"{path}: not valid JSON ({exc})") from None
+            data = load_json(path)
+        except JsonFileError as exc:
+            raise PromptsError(str(exc)) from None
         field = None
         if isinstance(data, dict):
             field = "prompts" if "prompts" in data else "entries"

@@ -11,11 +11,12 @@ is not alphanumeric (so ``"Paris"`` and ``"北京。"`` pass, ``"Parisian"`` and
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping
+
+from common.files import JsonFileError, load_json
 
 from . import CHECKPOINT_DIR
 
@@ -129,11 +130,9 @@ def load(path: str | Path = DEFAULT_PATH) -> AnswerKey:
     """Read and validate the answer key at ``path`` (default: the bundled checkpoint's)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AnswerKeyError(f"{path}: cannot read the answer key ({exc.strerror or exc})") from exc
-    except json.JSONDecodeError as exc:
-        raise AnswerKeyError(f"{path}: not valid JSON ({exc})") from exc
+        data = load_json(path)
+    except JsonFileError as exc:
+        raise AnswerKeyError(f"answer key {exc}") from None
     return from_json(data, str(path))
 
 
