@@ -31,7 +31,7 @@ from bringup.errors import ConfigError
 from bringup.host.display import Display
 from bringup.host.pipeline import Options, Pipeline
 from bringup.paths import shown
-from bringup.runners import RunResult
+from bringup.runners.base import RunResult
 from bringup.stages import build as build_stage
 from bringup.stages.support import env_steps, prerequisites
 
