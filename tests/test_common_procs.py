@@ -34,6 +34,9 @@ def test_a_live_process_reads_back_what_it_is(tmp_path):
     before = time.time()
     proc = _sleeper(tmp_path, value)
     try:
+        deadline = time.monotonic() + 10  # until the child has exec'd (its environment is the new one)
+        while Path(f"/proc/{proc.pid}/exe").resolve() != (tmp_path / "a) b (c").resolve() and time.monotonic() < deadline:
+            time.sleep(0.01)
         st = procs.stat(proc.pid)
         assert st is not None and st.state in ("R", "S") and procs.alive(proc.pid)
         assert (st.ppid, st.pgid) == (os.getpid(), proc.pid)  # its own session: it leads its group

@@ -171,8 +171,13 @@ def test_the_later_stages_get_the_builds_exports(built, monkeypatch):
     """verify (like ab and e2e) runs with the passed targets' exports on top of the image's env."""
     requests = []
 
-    def runner(self, image):
-        return lambda request: requests.append(request) or RunResult("failed", 1, 0.0, "captured")
+    class Capture:
+        def run(self, request):
+            requests.append(request)
+            return RunResult("failed", 1, 0.0, "captured")
+
+    def runner(self, image, ref, commit_to):
+        return Capture()
 
     monkeypatch.setattr(Pipeline, "_runner", runner)
     Pipeline(Options(load_matrix(MATRIX), built.artifacts, display=Display())).run("verify", IMAGE)
