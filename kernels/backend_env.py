@@ -35,6 +35,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from common.versions import at_least
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -128,12 +130,6 @@ def _vendor_reason(backend: Backend) -> str | None:
     return None
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The leading numeric release of a version string: ``0.1.15+cu130`` -> ``(0, 1, 15)``."""
-    match = re.match(r"\d+(\.\d+)*", version.strip())
-    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
-
-
 @functools.lru_cache(maxsize=None)
 def library_info(name: str) -> dict[str, Any]:
     """Where ``import name`` would find the library and its distribution's version (from the
@@ -164,7 +160,7 @@ def _library_reason(backend: Backend) -> str | None:
     elif info["version"] is None:
         problems.append(f"{name} at {info['module']} has no distribution metadata beside it: its version is unknown "
                         f"(the {backend.name} backend needs >= {wanted})")
-    elif release(info["version"]) < release(wanted):
+    elif not at_least(info["version"], wanted):
         problems.append(f"{name} {info['version']} is too old (the {backend.name} backend needs >= {wanted}; "
                         f"found at {info['module']})")
     device = _device_problem(backend)

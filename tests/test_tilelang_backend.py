@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import kernels
+from common.versions import at_least, release
 from kernels import backend_env, registry
 from kernels.ops import attn, gemm, quant
 from kernels.tilelang import attn as tl_attn
@@ -65,11 +66,11 @@ def on_path(monkeypatch):
     backend_env.reset()
 
 
-def test_release_reads_the_leading_numbers():
-    assert backend_env.release("0.1.15") == (0, 1, 15)
-    assert backend_env.release("0.1.15+cu130.git1a2b3c") == (0, 1, 15)
-    assert backend_env.release("0.1.9") < backend_env.release("0.1.15") < backend_env.release("0.2") == (0, 2)
-    assert backend_env.release("dev") == ()
+def test_versions_compare_by_their_leading_numbers():
+    assert release("0.1.15") == (0, 1, 15) and release("0.1.15+cu130.git1a2b3c") == (0, 1, 15)
+    assert release("0.1.9") < release("0.1.15") < release("0.2") == (0, 2) and release("dev") == ()
+    assert at_least("0.1.15.post1", "0.1.15") and at_least("1.0", "0.1.15")
+    assert not at_least("0.1.9", "0.1.15") and not at_least(None, "0.1.15")
 
 
 @needs_no_gpu

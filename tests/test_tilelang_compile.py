@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from common.versions import at_least
 from kernels import backend_env
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,7 @@ ARCH = "sm_90a"
 
 def _why_not() -> str | None:
     info = backend_env.library_info("tilelang")
-    if not info["found"] or info["version"] is None or backend_env.release(info["version"]) < backend_env.release("0.1.15"):
+    if not info["found"] or not at_least(info["version"], "0.1.15"):
         return f"needs TileLang >= 0.1.15 importable (found: {info['version'] or 'none'})"
     if shutil.which("nvcc") is None:
         return "needs nvcc on PATH"
