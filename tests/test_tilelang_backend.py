@@ -114,7 +114,8 @@ def test_each_missing_condition_is_named_alone(monkeypatch, tmp_path, on_path):
 
 def test_an_old_tilelang_is_reported_too_old_and_never_imported(tmp_path):
     """FlagTree's image ships TileLang 0.1.9: the backend is refused with the reason, kernels.ab
-    reports it, strict mode refuses the fallback, and nothing imports the old package."""
+    reports it, strict mode refuses the fallback, the versions probe (every stage's record)
+    names the version as unsupported, and nothing imports the old package."""
     marker = tmp_path / "imported"
     root = fake_tilelang(tmp_path / "site", "0.1.9", f"open({str(marker)!r}, 'w').write('imported')\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ENGINE_OPS_")},
@@ -132,6 +133,9 @@ def test_an_old_tilelang_is_reported_too_old_and_never_imported(tmp_path):
                             env={**env, "ENGINE_OPS_STRICT": "1", "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK": "tilelang"}, timeout=300)
     assert strict.returncode != 0
     assert "StrictFallbackError: gemm.fp8_block: backend 'tilelang' is unavailable (tilelang 0.1.9 is too old" in strict.stderr
+    code = "import json; from kernels.versions import probe; print(json.dumps(probe()['tilelang']))"
+    recorded = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert json.loads(recorded.stdout) == {"version": "0.1.9", "module": str(root / "tilelang"), "supported": False}
     assert not marker.exists()
 
 
