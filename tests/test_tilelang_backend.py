@@ -84,6 +84,19 @@ def test_without_tilelang_and_cuda_the_reason_names_both():
     assert backend_env.LIBRARIES == ("tilelang",) and "tilelang" not in backend_env.VENDOR
 
 
+def test_kernels_ab_reports_an_unavailable_tilelang_and_skips_its_cases(tmp_path, capsys):
+    reason = backend_env.unavailable_reason("tilelang")
+    if reason is None:
+        pytest.skip("tilelang is available here")
+    from kernels import ab
+
+    assert ab.main(["--backend", "tilelang", "--json", str(tmp_path / "r.json")]) == 0
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["backends"]["tilelang"]["unavailable"] == reason and record["summary"] == {"passed": 0, "failed": 0, "skipped": 18}
+    assert {r["op"] for r in record["results"]} == {"quant.act_quant", "gemm.fp8_block", "attn.mla_decode"}
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "0 passed, 0 failed, 18 skipped; not run here: tilelang (unavailable, see above)"
+
+
 def test_each_missing_condition_is_named_alone(monkeypatch, tmp_path, on_path):
     on_path(fake_tilelang(tmp_path / "old", "0.1.9", "raise RuntimeError('an old TileLang must never be imported')"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

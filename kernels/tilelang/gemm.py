@@ -15,7 +15,7 @@ recompile per count).
 
 Calls it cannot serve (:class:`~kernels.registry.UnsupportedCall`): operands that are not
 float8_e4m3fn or scales that are not fp32, an output other than bf16/fp16/fp32, N not a multiple
-of 8 or K not of 128... (see :func:`unsupported_reason`), tensors off the GPU.
+of 8 (the tile copies move 16-byte row pieces), K not a positive multiple of 128, tensors off the GPU.
 """
 
 import functools
@@ -34,7 +34,8 @@ _MAX_SPLIT = 8
 
 @dataclass(frozen=True)
 class Config:
-    """A tile configuration: tile sizes, software-pipeline depth, threads of the consumer warps."""
+    """A tile configuration: tile sizes, software-pipeline depth, threads (TileLang adds its own
+    producer warps for the TMA loads on SM90)."""
 
     block_m: int
     block_n: int

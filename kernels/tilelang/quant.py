@@ -1,7 +1,7 @@
 """``quant.act_quant`` in TileLang: per-token-group FP8 quantization, bitwise equal to the reference.
 
 The input is seen as ``[groups, group_size]`` (a group never spans two rows); one program
-quantizes ``GROUPS_PER_PROGRAM`` groups with 128 threads. Per group: ``amax`` over ``|x|`` in fp32,
+quantizes 4096 elements' worth of groups (32 groups of 128) with 128 threads. Per group: ``amax`` over ``|x|`` in fp32,
 floored at 1e-4; ``s = amax / 448`` as an IEEE division (``T.ieee_fdiv``, round to nearest even);
 for ``ue8m0`` the scale rounded up to a power of two on its exponent bits; then
 ``q = fp8(clamp(x / s, -448, 448))``, again an IEEE division, converted with the hardware's
@@ -19,7 +19,7 @@ from .build import compile_program, off_device_reason
 
 INPUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 GROUP_SIZES = (32, 64, 128, 256)
-GROUPS_PER_PROGRAM = 8
+PROGRAM_ELEMENTS = 4096
 
 
 def unsupported_reason(x: torch.Tensor, group_size: int, scale_fmt: str | None) -> str | None:
@@ -39,7 +39,7 @@ def kernel(group: int, in_dtype: str, ue8m0: bool, arch: str | None = None):
     import tilelang.language as T
 
     groups = T.dynamic("groups")
-    per = GROUPS_PER_PROGRAM
+    per = PROGRAM_ELEMENTS // group
 
     @T.prim_func
     def act_quant(X: T.Tensor((groups, group), in_dtype), Q: T.Tensor((groups, group), T.float8_e4m3fn),
