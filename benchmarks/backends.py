@@ -71,8 +71,6 @@ def measure_case(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]
         throughput, ceiling = rate(ms)
         peer = harness.speedup(ms, triton_ms, "triton") if triton_ms and name != "triton" else "-"
         rows.append(Row(label, shape, f"{ms:.4f} ms", throughput, ceiling, peer, note + ("; CUDA-graph replays" if graph else "")))
-    del args, kwargs, ref
-    torch.cuda.empty_cache()
     return rows
 
 
@@ -132,7 +130,11 @@ def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
     backends = harness.usable_backends(BACKENDS, "backends")
     copy = harness.copy_bandwidth()
-    return gemm_rows(backends) + act_quant_rows(backends, copy) + decode_rows(backends, copy)
+    rows = []
+    for family in (lambda: gemm_rows(backends), lambda: act_quant_rows(backends, copy), lambda: decode_rows(backends, copy)):
+        rows += family()
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""Version strings compared by their numeric release, for minimum-version rules (stdlib only:
-the in-image env steps use it too)."""
+"""Distribution names and versions: names normalized as pip compares them, version strings
+compared by their numeric release for minimum-version rules (stdlib only: the in-image env steps
+use it too)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,8 @@ def release(version: str) -> tuple[int, ...]:
 def at_least(version: str | None, minimum: str) -> bool:
     """Whether ``version`` (None: absent) is ``minimum`` or later by release numbers."""
     return version is not None and release(version) >= release(minimum)
+
+
+def dist_name(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503): ``Z3_Solver`` -> ``z3-solver``."""
+    return re.sub(r"[-_.]+", "-", name).lower()

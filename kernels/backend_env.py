@@ -29,13 +29,12 @@ import functools
 import importlib
 import importlib.util
 import os
-import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from common.versions import at_least
+from common.versions import at_least, dist_name
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ def library_info(name: str) -> dict[str, Any]:
         return {"found": False, "error": None, "version": None, "module": None}
     module = Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin)
     version = next((d.version for d in metadata.distributions(path=[str(module.parent)])
-                    if re.sub(r"[-_.]+", "-", d.metadata.get("Name") or "").lower() == name.lower()), None)
+                    if dist_name(d.metadata.get("Name") or "") == dist_name(name)), None)
     return {"found": True, "error": None, "version": version, "module": str(module)}
 
 

@@ -19,7 +19,8 @@ moves it into place, and writes ``TO/tilelang.env`` (``. TO/tilelang.env`` sets 
 LD_LIBRARY_PATH). An unchanged bundle already unpacked there is reused.
 
 Exit status: 0 done, 1 a download or unpack failed, 2 unusable input (one line naming it).
-Stdlib only (``pack`` also reads the recipe with PyYAML, a dependency of the project).
+Stdlib only, with the repository's ``common`` (``pack`` also reads the recipe with PyYAML, a
+dependency of the project).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from common.versions import dist_name  # noqa: E402 - the repository's stdlib-only helpers, found from here
+
 RECIPE = REPO / "recipes" / "env-tilelang.yaml"
 MANIFEST = "manifest.json"
 ENV_FILE = "tilelang.env"
@@ -51,10 +55,6 @@ WHEEL = re.compile(r"^(?P<dist>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+
 
 class Unusable(Exception):
     """Unusable input: the message names it (exit 2)."""
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def recipe_requirements() -> tuple[list[str], list[str]]:
@@ -86,7 +86,7 @@ def version_key(version: str) -> tuple[int, ...] | str:
 
 def wheel_for(requirement: str, wheels: list[Path]) -> list[Path]:
     name, _, version = requirement.partition("==")
-    return [w for w in wheels if (m := WHEEL.match(w.name)) and canonical(m["dist"]) == canonical(name)
+    return [w for w in wheels if (m := WHEEL.match(w.name)) and dist_name(m["dist"]) == dist_name(name)
             and version_key(m["version"]) == version_key(version)]
 
 
@@ -142,7 +142,7 @@ def pack(out: Path, pythons: list[str], platforms: list[str], wheels_dir: Path |
                 target = out / (wheel.name[: -len(".whl")] + ".tar.xz")
                 print(f"pack: {wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB) -> {target.name} ...", flush=True)
                 counts = repack(wheel, target)
-                archives.append({"file": target.name, "wheel": wheel.name, "dist": canonical(tags["dist"]), "version": tags["version"],
+                archives.append({"file": target.name, "wheel": wheel.name, "dist": dist_name(tags["dist"]), "version": tags["version"],
                                  "python_tag": tags["py"], "abi_tag": tags["abi"], "if_missing": requirement in if_missing,
                                  "bytes": target.stat().st_size, "sha256": sha256(target), **counts})
                 print(f"pack: {target.name}: {target.stat().st_size / 1e6:.1f} MB ({counts['links']} duplicate file(s) linked)")
@@ -177,7 +177,7 @@ def interpreter(python: str, target: Path) -> tuple[tuple[int, int], dict[str, s
     if proc.returncode != 0:
         raise Unusable(f"{python}: cannot run it ({(proc.stderr.strip().splitlines() or ['no output'])[-1]})")
     version, dists = json.loads(proc.stdout)
-    return tuple(version), {canonical(name): v for name, v, where in dists if not Path(where).resolve().is_relative_to(target)}
+    return tuple(version), {dist_name(name): v for name, v, where in dists if not Path(where).resolve().is_relative_to(target)}
 
 
 def read_manifest(folder: Path) -> dict:
