@@ -57,9 +57,11 @@ def fake_tilelang(root: Path, version: str | None, body: str = "") -> Path:
 
 @pytest.fixture
 def on_path(monkeypatch):
-    """Put a fake TileLang first on sys.path (it leaves sys.modules afterwards)."""
+    """Put a fake TileLang first on sys.path (it leaves sys.modules afterwards; a real one
+    imported earlier in this process is set aside meanwhile and put back)."""
     def put(root: Path) -> None:
         monkeypatch.syspath_prepend(str(root))
+        monkeypatch.delitem(sys.modules, "tilelang", raising=False)
         backend_env.reset()
     yield put
     sys.modules.pop("tilelang", None)
