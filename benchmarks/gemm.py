@@ -1,12 +1,13 @@
 """``gemm.fp8_block`` (128x128 block scales) at DeepSeek-V3 shapes, every backend available here
-(``triton``; ``deep_gemm`` where DeepGEMM is eligible) side by side with cuBLAS FP8 row-wise
+(``triton``; ``deep_gemm`` and ``tilelang`` where eligible) side by side with cuBLAS FP8 row-wise
 ``torch._scaled_mm``, all on the same operands. ``python -m benchmarks.gemm [--tune] [--out FILE] [--no-write]``.
 
 M in {1, 64, 128, 4096}; (N, K) in {(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168)}.
 By default each shape runs Triton's untimed default configuration (``ENGINE_OPS_TUNE=0``):
 tuning compiles every candidate of every shape, about a minute on its own. ``--tune`` times the
-configuration the engine would tune to. A vendor backend is timed through the registry's
-implementation (its scale-layout conversion included). cuBLAS gets the same FP8 codes with
+configuration the engine would tune to. A vendor or TileLang backend is timed through the
+registry's implementation (its scale-layout conversion included; TileLang's compile happens in
+the warm-up calls, outside the timing). cuBLAS gets the same FP8 codes with
 row-wise scales (the first scale of each activation row, each weight row's block scale): the
 same bytes and FLOPs, not the same math. Small M is bound by the weight bytes, so rows also give
 TB/s (A, B, scales read, C written once).
@@ -23,7 +24,7 @@ from . import harness
 from .harness import Row
 
 SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
-BACKENDS = ("triton", "deep_gemm")
+BACKENDS = ("triton", "deep_gemm", "tilelang")
 
 
 def operands(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -45,26 +46,12 @@ def cublas_rowwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     return lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
-def available_backends() -> list[str]:
-    """The backends of :data:`BACKENDS` that can run here; says why the others cannot."""
-    from kernels import backend_env
-
-    here = []
-    for name in BACKENDS:
-        reason = backend_env.unavailable_reason(name)
-        if reason:
-            print(f"gemm: {name} not measured: {reason}", file=sys.stderr)
-        else:
-            here.append(name)
-    return here
-
-
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
     from kernels import registry
 
     op = registry.get("gemm.fp8_block")
-    impls = {name: op.load(name) for name in available_backends()}
+    impls = {name: op.load(name) for name in harness.usable_backends(BACKENDS, "gemm")}
     ceiling = harness.fp8_gemm_flops()
     copy = harness.copy_bandwidth()
     rows = []

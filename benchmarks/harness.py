@@ -19,7 +19,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -73,6 +73,20 @@ def no_gpu_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device"
     return None
+
+
+def usable_backends(names: Iterable[str], family: str) -> list[str]:
+    """The backends among ``names`` that can run here; says on stderr why each other one cannot."""
+    from kernels import backend_env
+
+    here = []
+    for name in names:
+        reason = backend_env.unavailable_reason(name)
+        if reason:
+            print(f"{family}: {name} not measured: {reason}", file=sys.stderr)
+        else:
+            here.append(name)
+    return here
 
 
 def environment() -> dict[str, str]:

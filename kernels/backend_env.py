@@ -9,12 +9,18 @@ backend       eligible where                                                  fa
               compute capability 9.x (Hopper: its SM90 kernels)
 ``flash_mla`` the ``flash_mla`` extension imports on a CUDA device of         ``triton``
               compute capability 9.x (its dense decode is SM90-only)
+``tilelang``  the TileLang library (0.1.15 or later, by its distribution's    ``triton``
+              version) imports on a CUDA device of compute capability 9.x
+              (the kernels in :mod:`kernels.tilelang` are written for SM90)
 ============  ==============================================================  ==============
 
 An op that cannot use its requested backend goes down the backend's ``falls_back_to`` chain
 (see :mod:`kernels.registry`). A vendor backend's answer is computed once per process (``reset()``
 forgets it, for tests). Checking a vendor backend looks for its extension without importing it and
-imports it only when the device fits, so ``import kernels`` never imports a vendor extension.
+imports it only when the device fits, so ``import kernels`` never imports a vendor extension. A
+library backend (``tilelang``) is checked the same way, and first by the version of the
+distribution installed beside the module that ``import`` would find (read from its metadata, never
+by importing it): an older one, such as the 0.1.9 a vendor image ships, is refused as too old.
 """
 
 from __future__ import annotations
@@ -24,18 +30,25 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from common.versions import at_least, dist_name
 
 
 @dataclass(frozen=True)
 class Backend:
     """One backend: where an op goes when it cannot serve, and for a vendor backend the
-    extension that must import and the CUDA compute capability (major) its kernels need."""
+    extension that must import and the CUDA compute capability (major) its kernels need; for a
+    library backend the library (import and distribution name) and its oldest supported version."""
 
     name: str
     falls_back_to: str | None
     extension: str | None = None
     capability: int | None = None
+    library: str | None = None
+    min_version: str | None = None
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -43,8 +56,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("triton", "torch"),
     Backend("deep_gemm", "triton", extension="deep_gemm", capability=9),
     Backend("flash_mla", "triton", extension="flash_mla", capability=9),
+    Backend("tilelang", "triton", capability=9, library="tilelang", min_version="0.1.15"),
 )}
 VENDOR = tuple(name for name, b in BACKENDS.items() if b.extension)
+LIBRARIES = tuple(name for name, b in BACKENDS.items() if b.library)
 
 
 def interpret_mode() -> bool:
@@ -86,24 +101,77 @@ def _extension_findable(module: str) -> bool:
         return False
 
 
+def _device_problem(backend: Backend) -> str | None:
+    """Why this process's CUDA device cannot run ``backend``'s kernels, or None."""
+    device = cuda_device()
+    if device is None:
+        return f"no CUDA device ({backend.name} needs compute capability {backend.capability}.x)"
+    if device[1][0] != backend.capability:
+        return f"{device[0]} has compute capability {device[1][0]}.{device[1][1]} ({backend.name} needs {backend.capability}.x)"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _vendor_reason(backend: Backend) -> str | None:
     problems = []
     if not _extension_findable(backend.extension):
         problems.append(f"extension '{backend.extension}' is not importable (no module '{backend.extension}' on "
                         f"sys.path: build it with the build stage and put its folder on PYTHONPATH)")
-    device = cuda_device()
-    if device is None:
-        problems.append(f"no CUDA device ({backend.name} needs compute capability {backend.capability}.x)")
-    elif device[1][0] != backend.capability:
-        problems.append(f"{device[0]} has compute capability {device[1][0]}.{device[1][1]} "
-                        f"({backend.name} needs {backend.capability}.x)")
+    device = _device_problem(backend)
+    if device:
+        problems.append(device)
     if problems:
         return "; ".join(problems)
     try:
         importlib.import_module(backend.extension)
     except Exception as exc:  # noqa: BLE001 - any import failure is the reason to report
         return f"importing extension '{backend.extension}' failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def library_info(name: str) -> dict[str, Any]:
+    """Where ``import name`` would find the library and its distribution's version (from the
+    metadata beside it; the library is not imported). ``found`` False with ``error`` when the
+    module cannot be found (absent, or refused by an import blocker)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        return {"found": False, "error": f"{type(exc).__name__}: {exc}", "version": None, "module": None}
+    if spec is None or not spec.origin:
+        return {"found": False, "error": None, "version": None, "module": None}
+    module = Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin)
+    version = next((d.version for d in metadata.distributions(path=[str(module.parent)])
+                    if dist_name(d.metadata.get("Name") or "") == dist_name(name)), None)
+    return {"found": True, "error": None, "version": version, "module": str(module)}
+
+
+@functools.lru_cache(maxsize=None)
+def _library_reason(backend: Backend) -> str | None:
+    name, wanted = backend.library, backend.min_version
+    info = library_info(name)
+    problems = []
+    if info["error"]:
+        problems.append(f"{name} is not importable ({info['error']})")
+    elif not info["found"]:
+        problems.append(f"{name} is not installed (no module '{name}' on sys.path: pip install -e '.[{name}]', or "
+                        f"docs/{name}.md for a host without network)")
+    elif info["version"] is None:
+        problems.append(f"{name} at {info['module']} has no distribution metadata beside it: its version is unknown "
+                        f"(the {backend.name} backend needs >= {wanted})")
+    elif not at_least(info["version"], wanted):
+        problems.append(f"{name} {info['version']} is too old (the {backend.name} backend needs >= {wanted}; "
+                        f"found at {info['module']})")
+    device = _device_problem(backend)
+    if device:
+        problems.append(device)
+    if problems:
+        return "; ".join(problems)
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason to report
+        hint = " (is z3's lib folder beside it, or on LD_LIBRARY_PATH?)" if "libz3" in str(exc) else ""
+        return f"importing {name} {info['version']} failed: {type(exc).__name__}: {exc}{hint}"
     return None
 
 
@@ -114,6 +182,8 @@ def unavailable_reason(backend: str) -> str | None:
         return f"unknown backend '{backend}' (known: {', '.join(BACKENDS)})"
     if spec.extension:
         return _vendor_reason(spec)
+    if spec.library:
+        return _library_reason(spec)
     if backend == "torch":
         return None
     err = _triton_import_error()
@@ -171,4 +241,6 @@ def reset() -> None:
     _cuda_available.cache_clear()
     cuda_device.cache_clear()
     _vendor_reason.cache_clear()
+    _library_reason.cache_clear()
+    library_info.cache_clear()
     triton_info.cache_clear()

@@ -1,10 +1,13 @@
-"""The versions probe: what this process runs on (Python, torch, Triton, CUDA, NCCL, GPU)."""
+"""The versions probe: what this process runs on (Python, torch, Triton, CUDA, NCCL, GPU, and the
+libraries of library backends such as TileLang: version and folder, read without importing them)."""
 
 from __future__ import annotations
 
 import platform
 import sys
 from typing import Any
+
+from common.versions import at_least
 
 from . import backend_env
 
@@ -21,6 +24,7 @@ def probe() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "triton": backend_env.triton_info(),
+        **{backend_env.BACKENDS[name].library: _library(name) for name in backend_env.LIBRARIES},
         "cuda_available": cuda,
         "gpu": None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
@@ -36,3 +40,11 @@ def probe() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - CPU builds have no NCCL
         info["nccl"] = None
     return info
+
+
+def _library(backend: str) -> dict[str, Any]:
+    """A library backend's library: version and folder (None when absent) and whether that
+    version is one the backend supports."""
+    spec = backend_env.BACKENDS[backend]
+    info = backend_env.library_info(spec.library)
+    return {"version": info["version"], "module": info["module"], "supported": at_least(info["version"], spec.min_version)}

@@ -25,6 +25,13 @@
 #   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
 #                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
 #   vendor         all four (VENDOR_LIMIT seconds per step, default 420; vendor-engine 600)
+# The tilelang backend (TileLang >= 0.1.15 importable; without network bring it as the bundle of
+# scripts/tilelang_bundle.py in .tilelang/, unpacked first into TILELANG_SITE, default
+# /tmp/tilelang-site; the header line "library backend tilelang" says whether it is eligible):
+#   tilelang-tests pytest -m gpu tests/test_tilelang_gpu.py and the sm_90a compile test
+#   tilelang-ab    python -m kernels.ab --backend tilelang, quick cases then --full
+#   tilelang-bench python -m benchmarks.backends (Triton vs TileLang vs vendor per kernel, with the ratio)
+#   tilelang       all three (TILELANG_LIMIT seconds per step, default 900)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
 set -u
 OUT=${1:-${OUT:-artifacts/gpu-check}}
@@ -32,12 +39,18 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,vendor,profile,ncu},
+STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,vendor,tilelang,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
 declare -a ROWS
 
 . scripts/site_wheels.sh
-want() { [[ $STEPS == *,$1,* || ( $1 == vendor-* && $STEPS == *,vendor,* ) ]]; }
+want() { [[ $STEPS == *,$1,* || ( $1 == vendor-* && $STEPS == *,vendor,* ) || ( $1 == tilelang-* && $STEPS == *,tilelang,* ) ]]; }
+if [ -f .tilelang/manifest.json ] && { want tilelang-tests || want tilelang-ab || want tilelang-bench; }; then
+  TILELANG_SITE=${TILELANG_SITE:-/tmp/tilelang-site}
+  $PY scripts/tilelang_bundle.py unpack --from .tilelang --to "$TILELANG_SITE" >"$OUT/tilelang-unpack.log" 2>&1 &&
+    . "$TILELANG_SITE/tilelang.env"
+  tail -n 2 "$OUT/tilelang-unpack.log"
+fi
 
 step() {  # step NAME LIMIT_SECONDS CMD...
   local name=$1 limit=$2; shift 2
@@ -52,7 +65,8 @@ step() {  # step NAME LIMIT_SECONDS CMD...
 nvidia-smi -L | tee "$OUT/gpu.txt"
 $PY -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 $PY -c 'from kernels import backend_env as b
-for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")' | tee -a "$OUT/gpu.txt"
+for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")
+for n in b.LIBRARIES: print("library backend", n + ":", b.unavailable_reason(n) or "eligible", b.library_info(b.BACKENDS[n].library)["version"])' | tee -a "$OUT/gpu.txt"
 
 if want native; then  # the native build needs only CPUs: run it beside the GPU steps
   ( timeout 300 $PY -m engine.native.build >"$OUT/native-build.log" 2>&1 && \
@@ -66,6 +80,7 @@ $PY -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 # The vendor backends' GPU tests are the vendor-tests step's job when it runs.
 vendor_tests=()
 want vendor-tests && vendor_tests=(--ignore=tests/test_vendor_gpu.py)
+want tilelang-tests && vendor_tests+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${vendor_tests[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
 want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
@@ -97,6 +112,12 @@ for family in gemm vendor; do  # gemm measures every backend: skipped here when 
 done
 want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor \
   ${VENDOR_ENGINE_PARTS:+--parts "$VENDOR_ENGINE_PARTS"} --out "$OUT/performance.md"
+TLIMIT=${TILELANG_LIMIT:-900}
+want tilelang-tests && ENGINE_OPS_TUNE=0 step tilelang-tests "$TLIMIT" $PY -m pytest -q -rfEs -m "gpu or slow" -p no:cacheprovider \
+  tests/test_tilelang_gpu.py tests/test_tilelang_compile.py
+want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang-quick "$TLIMIT" $PY -m kernels.ab --backend tilelang --json "$OUT/ab-tilelang-quick.json"
+want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang "$TLIMIT" $PY -m kernels.ab --full --backend tilelang --json "$OUT/ab-tilelang.json"
+want tilelang-bench && step bench-backends "$TLIMIT" $PY -m benchmarks.backends --out "$OUT/performance.md"
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 

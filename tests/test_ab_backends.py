@@ -109,7 +109,7 @@ def test_the_ab_stage_dumps_every_available_backend(stage_artifacts):
     record = json.loads((ab_dir / "results.json").read_text())
     assert (record["stage"], record["status"], record["backend"]) == ("ab", "passed", "torch")
     assert record["summary"] == {"passed": 2 * len(top["cases"]), "failed": 0, "skipped": 0}
-    for name in backend_env.VENDOR:
+    for name in backend_env.VENDOR + backend_env.LIBRARIES:
         reason = backend_env.unavailable_reason(name)
         assert record["backends"][name]["unavailable"] == reason
         assert (ab_dir / name / "manifest.json").is_file() == (reason is None)

@@ -20,7 +20,7 @@ def test_bench_without_a_gpu_says_so_and_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("family", ["gemm", "vendor", "engine_vendor"])
+@pytest.mark.parametrize("family", ["gemm", "vendor", "engine_vendor", "backends"])
 def test_each_vendor_family_without_a_gpu_says_so_and_writes_nothing(family, tmp_path, capsys):
     import importlib
 
@@ -170,3 +170,41 @@ def test_fp8_copy_of_a_checkpoint_quantizes_the_aligned_projections_and_loads(tm
         assert llm.runner.model.layers[0].mlp.down.fp8
         (result,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(result["token_ids"]) == 3
+
+
+
+def test_backend_rows_check_each_output_and_ratio_to_triton(monkeypatch):
+    """benchmarks.backends on the CPU (Triton under its interpreter, the timer stubbed): each
+    backend's output is checked against the reference and its time ratioed to Triton's; a
+    declined call and a failing backend are rows that say so."""
+    from benchmarks import backends
+    from kernels import backend_env, registry
+
+    op = registry.get("quant.act_quant")
+    real_load, real_reason = op.load, backend_env.unavailable_reason
+
+    def crashes(*args, **kwargs):
+        raise RuntimeError("kernel crashed")
+
+    served = {"tilelang": op.reference, "deep_gemm": crashes}
+    monkeypatch.setattr(op, "backends", {**op.backends, "deep_gemm": "test:crashes"})
+    monkeypatch.setattr(op, "load", lambda name: served[name] if name in served else real_load(name))
+    monkeypatch.setattr(backend_env, "unavailable_reason", lambda name: None if name in ("tilelang", "deep_gemm") else real_reason(name))
+    timings = iter([3.0, 1.5, 2.0])
+    monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: next(timings))
+
+    def make():
+        return (torch.randn(5, 256, generator=torch.Generator().manual_seed(1)),), {}
+
+    rows = backends.measure_case("quant.act_quant", "5x256", make, ["triton", "tilelang", "deep_gemm"], False, lambda ms: ("t", "c"))
+    assert rows == [harness.Row("quant.act_quant triton", "5x256", "3.0000 ms", "t", "c", "-", "matches the reference"),
+                    harness.Row("quant.act_quant tilelang", "5x256", "1.5000 ms", "t", "c", "2.00x triton", "matches the reference"),
+                    harness.Row("quant.act_quant deep_gemm", "5x256", "-", "-", "-", "-", "failed: RuntimeError: kernel crashed")]
+    timings = iter([3.0, 1.0, 3.0])
+    served["tilelang"] = lambda x: (lambda q, s: (q, s * 2))(*op.reference(x))
+    (_, wrong) = backends.measure_case("quant.act_quant", "5x256", make, ["triton", "tilelang"], False, lambda ms: ("t", "c"))
+    assert wrong.notes.startswith("DIFFERS from the reference: scale: ") and wrong.vs_peer == "3.00x triton"
+    del served["tilelang"]  # the real tilelang backend: it declines a call on the CPU before any TileLang is needed
+    rows = backends.measure_case("quant.act_quant", "5x256", make, ["triton", "tilelang"], False, lambda ms: ("t", "c"))
+    assert rows[1] == harness.Row("quant.act_quant tilelang", "5x256", "-", "-", "-", "-",
+                                  "declines this call: tensors are not on a CUDA device")

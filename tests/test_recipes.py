@@ -54,13 +54,16 @@ def test_every_step_kind_validates(tmp_path):
         "  - python_symlink: /usr/local/bin\n  - ld_library_path: ['/root/.triton/nvidia/cudart/*/lib']\n"
         "  - copy_site_packages: {from: /ref/site-packages, keep_system: [pillow]}\n"
         "  - host_header: {header: cuda/std/utility, under: '{cuda_home}/include'}\n"
-        "  - host_cxx: {candidates: [c++, /usr/bin/g++]}\n")
+        "  - host_cxx: {candidates: [c++, /usr/bin/g++]}\n"
+        "  - optional_package: {dist: tilelang, at_least: '0.1.15', install: [tilelang==0.1.15], find_links: /wheels}\n")
     steps = load_recipes(tmp_path)["all"].steps
     assert [s.kind for s in steps] == list(STEP_KINDS)
     assert steps[2].params == {"from": "{site_packages}/nvidia/cu13/include", "to": "/usr/local/cuda/include"}
     assert steps[6].params == {"from": "/ref/site-packages", "dists": None, "keep_system": ["pillow"]}
     assert steps[7].params == {"header": "cuda/std/utility", "under": "{cuda_home}/include"}
     assert steps[8].params == {"candidates": ["c++", "/usr/bin/g++"]}
+    assert steps[9].params == {"dist": "tilelang", "at_least": "0.1.15", "install": ["tilelang==0.1.15"], "if_missing": [],
+                               "find_links": "/wheels"}
 
 
 def test_user_given_source_resolves_from_the_environment(tmp_path, monkeypatch):

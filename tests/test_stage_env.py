@@ -165,12 +165,13 @@ def test_copy_site_packages_by_record_with_keep_system(made_venv, tmp_path):
         copy_site_packages({"from": str(reference), "dists": ["delta_pkg"], "keep_system": []}, ctx)
 
 
-def fake_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel built by hand (no network, no build backend)."""
+def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal pure-Python wheel built by hand (no network, no build backend), declaring ``requires``."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {f"{dist}/__init__.py": f"VERSION = '{version}'\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/METADATA": metadata,
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = []
     for path, text in files.items():

@@ -53,6 +53,7 @@ An env recipe is a list of fix-up steps, each a mapping with one step kind (and 
       - copy_site_packages: {image: "vllm/vllm-openai:v0.32.0", from: /usr/local/lib/python3.12/dist-packages}
       - host_header: {header: cuda/std/utility, under: "{cuda_home}/include"}
       - host_cxx: {candidates: [c++, g++, /usr/bin/g++]}
+      - optional_package: {dist: tilelang, at_least: 0.1.15, install: [tilelang==0.1.15, ...], if_missing: [cloudpickle==3.1.3]}
 
 ``copy_site_packages`` with ``image`` copies from a folder inside another docker image: the host
 exports that folder once (cached by the image's id) and mounts it for the env stage.
@@ -99,6 +100,9 @@ STEP_KINDS = {
     "host_header": "{header: a header such as cuda/std/utility, under: the folder to search ({cuda_home} allowed)}: "
                    "put the folder holding it on the host compiler's include path (CPLUS_INCLUDE_PATH) for later stages",
     "host_cxx": "{candidates: [compiler names or paths]}: build with the first whose libstdc++ is the one Python loads (CXX, CC)",
+    "optional_package": "{dist: a distribution, at_least: X.Y.Z, install: [name==version, ...], if_missing: optional [name==version, ...], "
+                        "find_links: optional wheel folder}: an optional backend's library, installed (--no-deps) where the image "
+                        "lacks a supported one; blocked, not failed, when it cannot be",
 }
 
 
@@ -347,6 +351,16 @@ def _step_params(kind: str, value: Any, at: At) -> Any:
         params = mapping(value, at, required=("header", "under"))
         return {"header": string(params["header"], at.key("header"), HEADER, "a header path such as 'cuda/std/utility'"),
                 "under": string(params["under"], at.key("under"), r"(/|\{cuda_home\}/?)\S*", "an absolute folder or one starting with {cuda_home}")}
+    if kind == "optional_package":
+        params = mapping(value, at, required=("dist", "at_least", "install"), optional=("if_missing", "find_links"))
+        pinned = rf"{DIST}==[0-9][0-9A-Za-z.+-]*"
+        return {"dist": string(params["dist"], at.key("dist"), DIST, "a distribution name such as 'tilelang'"),
+                "at_least": string(params["at_least"], at.key("at_least"), VERSION, "a version such as '0.1.15'"),
+                "install": string_list(params["install"], at.key("install"), pinned, "a pinned requirement such as 'tilelang==0.1.15'",
+                                       allow_empty=False),
+                "if_missing": string_list(params.get("if_missing", []), at.key("if_missing"), pinned,
+                                          "a pinned requirement such as 'cloudpickle==3.1.3'"),
+                "find_links": optional_string(params.get("find_links"), at.key("find_links"), ABSOLUTE, "an absolute wheel folder")}
     if kind == "host_cxx":
         params = mapping(value, at, required=("candidates",))
         return {"candidates": string_list(params["candidates"], at.key("candidates"), r"[A-Za-z0-9_.+/-]+",

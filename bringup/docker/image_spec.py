@@ -29,7 +29,7 @@ from bringup.paths import REPO, shown
 SPEC_FILE = "image.yaml"
 NETWORKS = ("none", "host")
 # The stdlib-only code a bake runs inside the image (copied into the context's bake/ folder).
-BAKE_CODE = ("common/__init__.py", "common/clock.py", "common/files.py", "bringup/__init__.py", "bringup/artifacts.py",
+BAKE_CODE = ("common/__init__.py", "common/clock.py", "common/files.py", "common/versions.py", "bringup/__init__.py", "bringup/artifacts.py",
              "bringup/stages/__init__.py", "bringup/stages/support/__init__.py",
              "bringup/stages/support/common.py", "bringup/stages/support/interrupts.py", "bringup/stages/support/layers.py",
              "bringup/stages/support/prerequisites.py", "bringup/stages/support/env_steps.py",

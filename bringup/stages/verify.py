@@ -27,8 +27,9 @@ from bringup.artifacts import FAILED, PASSED
 from bringup.stages.support.common import probe_versions
 
 PACKAGES = ("kernels", "engine")
-# Optional packages the engine must import without (it falls back to its torch paths).
-BLOCKED = ("triton", "transformers")
+# Optional packages the engine must import without (it falls back to its torch paths, or for
+# TileLang and the TVM runtimes it brings, to the backends below the tilelang backend).
+BLOCKED = ("triton", "transformers", "tilelang", "tvm", "tvm_ffi")
 NO_TORCH = "torch is not importable in this image: nothing to verify"
 BLOCKED_IMPORT = "import json, kernels, engine; print(json.dumps(kernels.report()['fallbacks']))"
 

@@ -52,3 +52,4 @@ _FP8_ACCUMULATION = {torch.float32: Tolerance(atol=1e-6, rtol=1e-3)}
 fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases, tolerances=_FP8_ACCUMULATION)
 fp8_block.backend("triton", "kernels.triton.gemm:fp8_block")
 fp8_block.backend("deep_gemm", "kernels.vendor.deep_gemm:fp8_block")
+fp8_block.backend("tilelang", "kernels.tilelang.gemm:fp8_block")

@@ -118,6 +118,7 @@ def _weight_dequant_cases(quick: bool) -> list[Case]:
 
 act_quant = declare("quant.act_quant", act_quant_reference, outputs=("q", "scale"), exact=("q", "scale"), cases=_act_quant_cases)
 act_quant.backend("triton", "kernels.triton.quant:act_quant")
+act_quant.backend("tilelang", "kernels.tilelang.quant:act_quant")
 
 weight_dequant = declare("quant.weight_dequant", weight_dequant_reference, outputs=("w",), cases=_weight_dequant_cases)
 weight_dequant.backend("triton", "kernels.triton.quant:weight_dequant")

@@ -2,7 +2,8 @@
 
 Each step is idempotent: it checks first and returns ``("unchanged", why)`` when the image is
 already as wanted, ``("applied", what it did)`` otherwise, and raises :class:`StepError` with
-a one-line reason when it cannot.
+a one-line reason when it cannot. A step for an optional backend's library (``optional_package``)
+that cannot install it returns ``("blocked", why)`` instead: recorded, not a failure of the stage.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bringup.artifacts import BLOCKED
 from bringup.stages.support.common import run_tee, site_packages
 from bringup.stages.support.layers import GUARDED, dist_info_name, normalize
 from bringup.stages.support.prerequisites import cuda_home, find_header, include_dirs
+from common.versions import at_least
 
 APPLIED, UNCHANGED = "applied", "unchanged"
 # Distributions copy_site_packages never overwrites when the image has them: replacing them
@@ -151,6 +154,35 @@ def nccl_pin(params: dict[str, Any], ctx: EnvContext) -> tuple[str, str]:
     _run([ctx.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", params.get("wheel") or f"{package}=={version}"],
          ctx, f"pip install {package}")
     return APPLIED, f"{package} {installed or 'absent'} -> {version}"
+
+
+def optional_package(params: dict[str, Any], ctx: EnvContext) -> tuple[str, str]:
+    """The library an optional ops backend needs (TileLang for ``tilelang``): an image whose own
+    ``dist`` is ``at_least`` keeps it. Otherwise the pinned ``install`` set goes into the
+    interpreter's environment (the venv, which then shadows an older copy of the image's; the
+    image's own files stay) with ``pip --no-deps``, so torch and Triton are never touched (the
+    guard checks), plus the ``if_missing`` requirements the image has no distribution of at all.
+    Records the version found. When pip cannot install it (no network, no wheel): ``blocked``
+    with why; the backend then reports itself unavailable, and nothing else fails."""
+    dist, wanted = params["dist"], params["at_least"]
+    found = _dist_version(ctx.python, dist)
+    if at_least(found, wanted):
+        return UNCHANGED, f"{dist} {found} found (supported: >= {wanted})"
+    seen = f"{dist} {found} found: too old (the backend needs >= {wanted})" if found else f"no {dist} found"
+    missing = [req for req in params["if_missing"] if _dist_version(ctx.python, _requirement_name(req)) is None]
+    wanted_set = [*params["install"], *missing]
+    source = ["--no-index", "--find-links", params["find_links"]] if params.get("find_links") else []
+    code = run_tee([ctx.python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", *source, *wanted_set], None)
+    now = _dist_version(ctx.python, dist)
+    if code != 0 or not at_least(now, wanted):
+        why = f"pip exited with {code} (its output is in logs/env.log)" if code else f"{ctx.python} still sees {dist} {now or 'none'}"
+        return BLOCKED, f"{seen}; installing {' '.join(wanted_set)} failed: {why}; the backend stays unavailable here"
+    return APPLIED, f"{seen}; installed {' '.join(wanted_set)}: {dist} {now} now"
+
+
+def _requirement_name(requirement: str) -> str:
+    """``ml-dtypes==0.5.1`` -> ``ml-dtypes``."""
+    return requirement.split("==")[0].strip()
 
 
 def _dist_version(python: str, dist: str) -> str | None:
@@ -344,5 +376,5 @@ def _compiler_runtime(compiler: str) -> str | None:
 STEPS: dict[str, Callable[[Any, EnvContext], tuple[str, str]]] = {
     "apt": apt, "venv": venv, "cuda_headers": cuda_headers, "nccl_pin": nccl_pin,
     "python_symlink": python_symlink, "ld_library_path": ld_library_path, "copy_site_packages": copy_site_packages,
-    "host_header": host_header, "host_cxx": host_cxx,
+    "host_header": host_header, "host_cxx": host_cxx, "optional_package": optional_package,
 }

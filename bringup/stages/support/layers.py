@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import re
 from pathlib import Path
 from typing import Any
 
 from bringup.stages.support.common import site_packages
+from common.versions import dist_name as normalize
 
 # The distributions that make up the image's torch/Triton/NCCL layer.
 GUARDED = ("torch", "triton", "tokenspeed-triton", "pytorch-triton*", "nvidia-nccl-cu*")
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def dist_info_name(info: Path) -> tuple[str, str]:
