@@ -85,7 +85,7 @@ def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin
     result = collect(Path(artifacts), images, reference, near_tie_margin, *tolerances)
     if run_blame is not None:
         wanted = needs_blame(result)
-        print(f"blame: {', '.join(wanted) if wanted else 'no image needs it (no real divergence, no replay beyond tolerance)'}")
+        print(f"blame: {', '.join(wanted) if wanted else 'none to run (no image needs it, or its blame report is current)'}")
         for image in wanted:
             run_blame(image)
         if wanted:
