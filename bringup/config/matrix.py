@@ -362,7 +362,7 @@ def _settings(value: Any, at: At) -> Settings:
     diff = mapping(raw.get("diff") or {}, diff_at, optional=("near_tie_margin", "layer_tolerance", "logprob_tolerance"))
     margin = number(diff.get("near_tie_margin", DiffSettings.near_tie_margin), diff_at.key("near_tie_margin"), 0.0,
                     "a logprob margin >= 0")
-    tolerances = {key: None if diff.get(key) is None else number(diff[key], diff_at.key(key), 0.0, "a tolerance >= 0 (or null: by dtype)")
+    tolerances = {key: None if diff.get(key) is None else number(diff[key], diff_at.key(key), 0.0, "a tolerance >= 0 such as 1.0e-4 (or null: by dtype)")
                   for key in ("layer_tolerance", "logprob_tolerance")}
     return Settings(timeouts=timeouts,
                     world_size=None if raw.get("world_size") is None
