@@ -46,8 +46,11 @@ def replay_section(result: DiffResult, col: Column) -> None:
         reference, image = read(ref.path("replay")), read(col.artifacts.path("replay"))
     except ReplayFileError as exc:
         raise UnusableInput(str(exc)) from None
-    for art, replay in ((ref, reference), (col.artifacts, image)):
-        _check_replayed_tokens(art, replay.report, ref)
+    stale = [m for m in (_replayed_other_tokens(art, replay.report, ref) for art, replay in
+                         ((col.artifacts, image), (ref, reference))) if m]
+    if stale:
+        result.problems += stale
+        return
     tolerance = Tolerance.for_dtype(reference.dtype, result.layer_tolerance, result.logprob_tolerance)
     try:
         comparison = compare(reference, image, tolerance)
@@ -56,12 +59,13 @@ def replay_section(result: DiffResult, col: Column) -> None:
     result.replays.append(ReplayRow(col.label, comparison, reference.dtype, len(reference.prompts.keys() & image.prompts.keys())))
 
 
-def _check_replayed_tokens(art: ImageArtifacts, report: dict, ref: ImageArtifacts) -> None:
-    """UnusableInput when ``report``'s replay did not replay the reference's current e2e tokens."""
+def _replayed_other_tokens(art: ImageArtifacts, report: dict, ref: ImageArtifacts) -> str | None:
+    """Why ``report``'s replay did not replay the reference's current e2e tokens (None: it did)."""
     if not ref.has(E2E_TOKENS):
-        raise UnusableInput(f"{ref.path(E2E_TOKENS)}: missing: the replays replay it (make it: invoke e2e --image {ref.name})")
+        return f"{ref.path(E2E_TOKENS)}: missing: the replays replay it (make it: invoke e2e --image {ref.name})"
     replayed = (report.get("reference") or {}).get("sha256")
-    if replayed != file_sha256(ref.path(E2E_TOKENS)):
-        who = (report.get("reference") or {}).get("image") or "?"
-        raise UnusableInput(f"{art.path(REPLAY_REPORT)}: replayed the e2e tokens of {who!r}, not the current "
-                            f"{ref.path(E2E_TOKENS)} (remake it: invoke replay --image {art.name} --reference {ref.name} --force)")
+    if replayed == file_sha256(ref.path(E2E_TOKENS)):
+        return None
+    who = (report.get("reference") or {}).get("image") or "?"
+    return (f"{art.path(REPLAY_REPORT)}: replayed the e2e tokens of {who!r}, not the current {ref.path(E2E_TOKENS)} "
+            f"(remake it: invoke replay --image {art.name} --reference {ref.name} --force)")
