@@ -82,7 +82,7 @@ def test_diff_blame_names_exactly_the_perturbed_op_and_nothing_for_the_clean_pai
     assert summary["verdict"] == "differs" and summary["reference"] == "replay-ref"
     same, bad = summary["images"]["replay-same"], summary["images"]["replay-perturbed"]
     assert same["replay"]["within"] and same["replay"]["max_layer_error"] < 1e-5 and same["replay"]["first_layer_beyond"] is None
-    assert same["blame"] == {"why": [], "outcome": "not run", "blamed": [], "before": None, "after": None}
+    assert same["blame"] == {"why": [], "outcome": "clean pair", "blamed": [], "before": None, "after": None}
     assert bad["replay"]["layers"] == [0, 1, 2] and bad["replay"]["first_layer_beyond"] == 1
     assert bad["replay"]["layer_errors"][0] < 1e-5 < 1e-3 < bad["replay"]["layer_errors"][1]
     assert bad["blame"]["outcome"] == "blamed" and bad["blame"]["blamed"] == ["moe.fused_experts"]

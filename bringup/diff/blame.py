@@ -33,9 +33,10 @@ class BlameRow:
 
     @property
     def outcome(self) -> str:
-        """clean, blamed, unexplained (the blame's own verdict), failed, stale or not run."""
+        """clean pair (nothing wants blame, none was run); not run; clean, blamed or unexplained
+        (the blame's own verdict); failed (the stage failed); stale."""
         if self.report is None:
-            return "not run"
+            return "not run" if self.why else "clean pair"
         if self.stale:
             return "stale"
         if self.report.get("status") not in ("passed", "cached"):
@@ -70,7 +71,9 @@ def blame_section(result: DiffResult, col: Column) -> None:
         return
     row = BlameRow(col.label, col.artifacts.name, why, report)
     ref = result.reference.artifacts
-    if report is not None:
+    if report is not None and not why:
+        row.stale = "the pair is clean now: the report is from an earlier run"
+    elif report is not None:
         made_against = (report.get("reference") or {}).get("sha256")
         if not ref.has(REPLAY_REPORT) or made_against != file_sha256(ref.path(REPLAY_REPORT)):
             row.stale = (f"made against another replay of {ref.name} (remake it: invoke blame --image {col.artifacts.name} "

@@ -60,14 +60,14 @@ def blame_blocks(result: DiffResult) -> list[Block]:
     for row in result.blames:
         report = row.report or {}
         blamed = ", ".join(f"{b.get('op')} ({b.get('backend')} -> {b.get('switched_to')})" for b in report.get("blamed") or [])
-        if not row.why and row.report is None:
+        if row.outcome == "clean pair":
             rows.append([row.column, "clean pair", "nothing to blame", ABSENT, ABSENT, ABSENT, ABSENT])
             continue
         outcome = row.outcome + (f": {row.stale}" if row.stale else "")
         if row.outcome == "not run":
             outcome += f" (invoke blame --image {row.image} --reference {result.reference.artifacts.name})"
         rows.append([row.column, "; ".join(row.why) or "clean pair", outcome, blamed or ABSENT,
-                     _errors(report.get("before")), _errors(report.get("after")), str(len(report.get("trials") or [])) or ABSENT])
+                     _errors(report.get("before")), _errors(report.get("after")), str(len(report.get("trials") or []))])
     blocks.append(Table(["image", "why", "blame", "blamed ops", "before", "after (blamed switched)", "replays run"], rows))
     reasons = [f"{row.column}: {row.report.get('reason')}" for row in result.blames if row.report and row.report.get("reason")]
     if reasons:

@@ -170,6 +170,6 @@ def explain_table(result: DiffResult):
             "-" if r is None else ("within" if first is None else f"[bold red]{first}[/]"),
             "-" if r is None or r.comparison.max_layer_error() is None else f"{r.comparison.max_layer_error():.2e}",
             "-" if r is None or r.comparison.max_logprob_delta() is None else f"{r.comparison.max_logprob_delta():.2e}",
-            "-" if b is None else (", ".join(b.blamed_ops()) or ("clean pair" if not b.why else b.outcome)),
+            "-" if b is None else (", ".join(b.blamed_ops()) or b.outcome),
             "-" if c is None else f"{len(c.never_ran)} / {len(c.other_backend)}")
     return table
