@@ -85,6 +85,18 @@ def all_stages(c, image="local", matrix="", artifacts="", force=False, keep=Fals
     _stage("all", locals())
 
 
+@task(help=cli.help_for("replay"))
+def replay(c, image="local", reference="", matrix="", artifacts="", force=False, keep=False, timeout=None):
+    """replay stage: the reference image's e2e tokens teacher-forced in this image (logprobs, top-5, per-layer hidden states)."""
+    _stage("replay", locals())
+
+
+@task(help=cli.help_for("blame"))
+def blame(c, image="local", reference="", matrix="", artifacts="", force=False, keep=False, timeout=None):
+    """blame stage: the smallest set of ops whose switch to the reference's backend (or torch) brings the replay back within tolerance."""
+    _stage("blame", locals())
+
+
 @task(help={"name": "offline image folder under images/ (e.g. base) or a matrix image",
             "matrix": "matrix file (default: matrix.yaml)", "force": "rebuild even when the tag exists"})
 def image(c, name, matrix="", force=False):
@@ -123,12 +135,13 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
 @task(help={"images": "comma-separated images (default: every matrix image with artifacts; one may repeat)",
             "reference": "image to diff against (default: the matrix's reference)",
             "near_tie_margin": "top-2 margin under which a token divergence is a near-tie (default: the matrix's settings.diff)",
+            "blame": "run the blame stage for every image with a real divergence or a replay beyond tolerance",
             "matrix": cli.help_for("env")["matrix"], "artifacts": cli.help_for("env")["artifacts"]})
-def diff(c, images="", reference="", near_tie_margin="", matrix="", artifacts=""):
-    """Diff images against the reference: versions, builds, kernel dumps, tokens, fallbacks (<artifacts>/diff/)."""
+def diff(c, images="", reference="", near_tie_margin="", blame=False, matrix="", artifacts=""):
+    """Diff images against the reference: versions, builds, kernels, tokens and logprobs, replay curves, blame, exercised ops (<artifacts>/diff/)."""
     from bringup.diff.run import command
 
-    _exit(command(_matrix(matrix), _artifacts(artifacts), images, reference, near_tie_margin))
+    _exit(command(_matrix(matrix), _artifacts(artifacts), images, reference, near_tie_margin, blame))
 
 
 @task(help={"artifacts": cli.help_for("env")["artifacts"], "matrix": cli.help_for("env")["matrix"]})

@@ -10,6 +10,9 @@ image's Python.
                                                  backend's dump; ab/<backend>/: each other available backend's)
     artifacts/<image>/e2e/report.json            e2e stage (+ e2e/tokens.jsonl, e2e/rank<i>.log)
     artifacts/<image>/peer/report.json           peer stage (+ peer/<case>/<run>/tokens.jsonl, see bringup.peer)
+    artifacts/<image>/replay/report.json         replay stage (+ replay/replay.jsonl, replay/hidden.safetensors:
+                                                 the reference image's e2e tokens teacher-forced, see engine.replay)
+    artifacts/<image>/blame/report.json          blame stage (the ops that make the replay differ from the reference's)
     artifacts/<image>/logs/<stage>.log           each stage's output
     artifacts/.runs/<run_id>.json                one record per stage run (see bringup.runners.records)
 
@@ -29,10 +32,13 @@ __all__ = ["read_json", "utc_now", "write_bytes", "write_json", "write_text"]  #
 
 SCHEMA = 1
 # Every stage, once: ``invoke all`` runs PIPELINE_STAGES in order, then ``peer`` for an image with one.
-STAGES = ("env", "build", "verify", "ab", "e2e", "peer")
+# ``replay`` and ``blame`` compare with another image (its e2e tokens, its replay): they run on their own.
+STAGES = ("env", "build", "verify", "ab", "e2e", "peer", "replay", "blame")
 PIPELINE_STAGES = STAGES[:5]
+CROSS_IMAGE_STAGES = ("replay", "blame")
 RECORD_FILES = {"env": "env.json", "build": "build.json", "verify": "verify.json", "ab": "ab/results.json",
-                "e2e": "e2e/report.json", "peer": "peer/report.json"}
+                "e2e": "e2e/report.json", "peer": "peer/report.json", "replay": "replay/report.json",
+                "blame": "blame/report.json"}
 # Every status a record says, once. Stages: passed, failed, interrupted (cached: reused, skipped:
 # not run after a failed env); build targets and smoke tests also blocked (a prerequisite is
 # missing) or skipped; run records: running until they end, or timeout.

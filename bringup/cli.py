@@ -4,6 +4,7 @@ point (:class:`StageRequest`, :func:`run_stages`), with the options declared onc
     python -m bringup env|build|verify|ab|e2e|peer|all [--image NAME] [--matrix PATH] [--artifacts DIR]
                                                   [--force] [--keep] [--timeout SECONDS] [--world-size N]
                                                   [--model DIR] [--prompts FILE] [--answer-key FILE]
+    python -m bringup replay|blame [--image NAME] [--reference IMAGE] [--matrix PATH] [--artifacts DIR] [--force] ...
     python -m bringup image --name NAME [--matrix PATH] [--force]
 
 Exit status: 0 every stage passed or was cached; 1 a stage failed; 2 unusable configuration
@@ -28,6 +29,7 @@ from bringup.paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
 STAGE_COMMANDS = (*STAGES, "all")
 E2E_COMMANDS = ("e2e", "all")
+REFERENCE_COMMANDS = ("replay", "blame")
 INTERRUPTED_EXIT = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -59,12 +61,13 @@ def _count(text: str) -> int:
 @dataclass(frozen=True)
 class Option:
     """One option of the stage commands, declared once for ``python -m bringup`` and the invoke
-    tasks: its help, how a given value is read (None: a flag), and whether only e2e/all take it."""
+    tasks: its help, how a given value is read (None: a flag), and the commands that take it
+    (empty: every stage command)."""
 
     name: str
     help: str
     read: Callable[[str], Any] | None = str
-    e2e_only: bool = False
+    commands: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -78,16 +81,19 @@ OPTIONS = (
     Option("force", "rerun even when the inputs are unchanged", None),
     Option("keep", "docker images: keep the stage's container for debugging", None),
     Option("timeout", "seconds per stage, > 0 (default: the matrix's settings.timeouts)", _seconds),
-    Option("world_size", "e2e ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)", _count, True),
-    Option("model", "e2e checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)", str, True),
+    Option("world_size", "e2e ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)", _count, E2E_COMMANDS),
+    Option("model", "e2e checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)", str, E2E_COMMANDS),
     Option("prompts", "e2e prompt file: .json, .jsonl or one prompt per line (default: the matrix's, else the answer key's)",
-           str, True),
-    Option("answer_key", "answer key to score with (default: the matrix's, else the model's answer_key.json, if any)", str, True),
+           str, E2E_COMMANDS),
+    Option("answer_key", "answer key to score with (default: the matrix's, else the model's answer_key.json, if any)", str,
+           E2E_COMMANDS),
+    Option("reference", "the image compared with: replay replays its e2e tokens, blame compares with its replay "
+           "(default: the matrix's reference)", str, REFERENCE_COMMANDS),
 )
 
 
 def options_for(command: str) -> tuple[Option, ...]:
-    return tuple(o for o in OPTIONS if not o.e2e_only or command in E2E_COMMANDS)
+    return tuple(o for o in OPTIONS if not o.commands or command in o.commands)
 
 
 def help_for(command: str) -> dict[str, str]:
@@ -110,6 +116,7 @@ class StageRequest:
     model: str | None = None
     prompts: str | None = None
     answer_key: str | None = None
+    reference: str | None = None
 
     @classmethod
     def read(cls, command: str, given: dict[str, Any]) -> "StageRequest":
@@ -134,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bringup", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name in STAGE_COMMANDS:
-        s = sub.add_parser(name, help="env -> build -> verify -> ab -> e2e" if name == "all" else f"the {name} stage")
+        s = sub.add_parser(name, help="env -> build -> verify -> ab -> e2e (-> peer)" if name == "all" else f"the {name} stage")
         for option in options_for(name):
             if option.read is None:
                 s.add_argument(option.flag, dest=option.name, action="store_true", help=option.help)
@@ -193,9 +200,10 @@ def run_stages(request: StageRequest) -> int:
     if matrix.image(request.image).peer is None and request.command == "peer":
         raise ConfigError(f"{matrix.path}: images.{request.image}.peer: not set; the peer stage runs the image's peer engine "
                           "(peer: {engine: vllm})")
+    reference = matrix.image(request.reference or matrix.reference).name
     display = Display()
     pipeline = Pipeline(Options(matrix, Path(request.artifacts).resolve(), request.force, request.keep, request.timeout,
-                                request.world_size, display, _model_inputs(request)))
+                                request.world_size, display, _model_inputs(request), reference))
     try:
         if request.command == "all":
             pipeline.run_all(request.image)

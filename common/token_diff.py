@@ -6,7 +6,8 @@ first position where the two token sequences differ is the divergence; the refer
 ``top2_margin`` (top-1 minus top-2 logit) there says how close the reference itself was to
 choosing another token. A margin under ``near_tie_margin`` is a ``near-tie`` (numerical noise can
 flip it), otherwise the divergence is ``real``. Over the common prefix, :func:`logprob_deltas`
-gives how far the chosen tokens' logprobs of the two runs are apart. A tokens file that cannot
+and :func:`margin_deltas` give how far the chosen tokens' logprobs and top-2 margins of the two
+runs are apart. A tokens file that cannot
 be used raises :class:`TokenFileError` naming the file, the line and the field.
 """
 
@@ -131,14 +132,25 @@ def classify(reference: Generation, other: Generation, near_tie_margin: float) -
     return Divergence(**base, status=status, position=pos, margin=margin, reference_token=ref_token, token=token)
 
 
+def common_prefix(reference: Generation, other: Generation) -> int:
+    """How many leading tokens the two generations share."""
+    pos = first_divergence(reference.token_ids, other.token_ids)
+    return min(len(reference.token_ids), len(other.token_ids)) if pos is None else pos
+
+
 def logprob_deltas(reference: Generation, other: Generation) -> list[float] | None:
     """``|logprob_ref - logprob_other|`` at each position of the common prefix (before the first
     divergence), or None when either side has no logprobs."""
     if not reference.logprobs or not other.logprobs:
         return None
-    pos = first_divergence(reference.token_ids, other.token_ids)
-    common = min(len(reference.token_ids), len(other.token_ids)) if pos is None else pos
+    common = common_prefix(reference, other)
     return [abs(a - b) for a, b in zip(reference.logprobs[:common], other.logprobs[:common])]
+
+
+def margin_deltas(reference: Generation, other: Generation) -> list[float]:
+    """``|top2_margin_ref - top2_margin_other|`` at each position of the common prefix."""
+    common = common_prefix(reference, other)
+    return [abs(a - b) for a, b in zip(reference.top2_margin[:common], other.top2_margin[:common])]
 
 
 def compare_generations(reference: dict[int, Generation], other: dict[int, Generation], near_tie_margin: float) -> list[Divergence]:

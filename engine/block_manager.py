@@ -85,6 +85,15 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_cached_tokens = 0
 
+    def forget_cached(self) -> None:
+        """Forget the content of every free block, so that no later request reuses KV computed
+        before now (a replay that must not depend on what ran earlier); blocks in use keep theirs."""
+        for block_id in self.free_block_ids:
+            block = self.blocks[block_id]
+            if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, []
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the next decode step of ``seq`` (its last token written) finds room."""
         return len(self.free_block_ids) >= (len(seq) % self.block_size == 1)

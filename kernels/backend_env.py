@@ -66,6 +66,12 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip() not in ("", "0")
 
 
+def tuning_enabled() -> bool:
+    """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
+    default one, untimed, so outputs do not depend on timing (reproducible run to run)."""
+    return os.environ.get("ENGINE_OPS_TUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 @functools.lru_cache(maxsize=None)
 def _triton_import_error() -> str | None:
     try:

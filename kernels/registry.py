@@ -21,6 +21,11 @@ A backend that serves an op may still be unable to serve one call (a vendor kern
 bf16 only, asked for fp32): it raises :class:`UnsupportedCall` before doing any work, and the
 op runs that call on the next backend of the chain. Such per-call fallbacks print one notice per
 op and reason, are listed by :func:`report` (``call_fallbacks``), and are refused under strict mode.
+
+Every call is counted per op and per backend that ran it (:func:`report` ``calls``; a dictionary
+increment per call, no tracing; calls recorded into a CUDA graph count once, at capture), so a
+run can show which ops it exercised. A test-only switch can perturb an op's backend on purpose
+(:mod:`kernels.perturb`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import backend_env
+from . import backend_env, perturb
 
 TORCH = "torch"
 
@@ -80,6 +85,7 @@ class Op:
     _resolution: Resolution | None = field(default=None, repr=False)
     _call_fallback: tuple[str, Callable[..., Any]] | None = field(default=None, repr=False)
     _call_fallback_reasons: dict[str, str] = field(default_factory=dict, repr=False)
+    calls: dict[str, int] = field(default_factory=dict, repr=False)  # backend -> calls it ran
 
     def __post_init__(self) -> None:
         self.__doc__ = self.reference.__doc__
@@ -96,9 +102,16 @@ class Op:
         if impl is None:
             impl = self._resolve_impl()
         try:
-            return impl(*args, **kwargs)
+            out = impl(*args, **kwargs)
         except UnsupportedCall as exc:
-            return self._serve_elsewhere(str(exc))(*args, **kwargs)
+            used, impl = self._serve_elsewhere(str(exc))
+            self._count(used)
+            return impl(*args, **kwargs)
+        self._count(self._resolution.backend)
+        return out
+
+    def _count(self, backend: str) -> None:
+        self.calls[backend] = self.calls.get(backend, 0) + 1
 
     def resolution(self) -> Resolution:
         if self._resolution is None:
@@ -109,7 +122,7 @@ class Op:
     def load(self, backend: str) -> Callable[..., Any]:
         """The implementation of ``backend`` for this op; raises BackendUnavailable with why not."""
         if backend == TORCH:
-            return self.reference
+            return perturb.wrap(self.name, TORCH, self.reference)
         if backend not in self.backends:
             known = ", ".join([TORCH, *self.backends]) or TORCH
             raise BackendUnavailable(f"op has no '{backend}' backend (it has: {known})")
@@ -121,7 +134,7 @@ class Op:
             module = importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 - any import failure is a reason to report
             raise BackendUnavailable(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
-        return getattr(module, attr)
+        return perturb.wrap(self.name, backend, getattr(module, attr))
 
     def _first_available(self, chain: list[str]) -> tuple[str, Callable[..., Any], list[str]]:
         """The first backend of ``chain`` that serves this op: ``(name, impl, reasons of those skipped)``."""
@@ -151,9 +164,9 @@ class Op:
         self._impl = impl
         return impl
 
-    def _serve_elsewhere(self, reason: str) -> Callable[..., Any]:
-        """The implementation for a call the resolved backend refused with ``reason``; the first
-        such call per reason prints a notice and is recorded (strict mode raises instead)."""
+    def _serve_elsewhere(self, reason: str) -> tuple[str, Callable[..., Any]]:
+        """The backend and implementation for a call the resolved backend refused with ``reason``;
+        the first such call per reason prints a notice and is recorded (strict mode raises instead)."""
         backend = self.resolution().backend
         if self._call_fallback is None:
             used, impl, _ = self._first_available(backend_env.fallback_chain(backend))
@@ -166,7 +179,7 @@ class Op:
             self._call_fallback_reasons[reason] = used
             print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
                   file=sys.stderr)
-        return impl
+        return used, impl
 
     def call_fallbacks(self) -> list[dict[str, str]]:
         """The calls this op ran on another backend so far, one entry per reason."""
@@ -255,7 +268,10 @@ def report() -> dict[str, Any]:
     Ops are resolved here if they have not been yet, except that under strict mode an op that
     would fall back is reported as ``"backend": null`` with its reason instead of raising.
     ``backends``: every declared backend, whether it can run here and why not;
-    ``call_fallbacks``: calls a resolved backend refused and another backend ran (so far).
+    ``call_fallbacks``: calls a resolved backend refused and another backend ran (so far);
+    ``calls``: per op, the calls each backend ran so far (``{}``: the op never ran);
+    ``tune``: whether kernel configurations may be chosen by timing (``ENGINE_OPS_TUNE``);
+    ``perturbed``: the test-only perturbations in force (:mod:`kernels.perturb`; normally empty).
     """
     entries: dict[str, dict[str, Any]] = {}
     fallbacks: list[dict[str, str]] = []
@@ -277,11 +293,21 @@ def report() -> dict[str, Any]:
         "ops": entries,
         "fallbacks": fallbacks,
         "call_fallbacks": [entry for op in ops().values() for entry in op.call_fallbacks()],
+        "calls": {name: dict(sorted(op.calls.items())) for name, op in ops().items()},
+        "tune": backend_env.tuning_enabled(),
+        "perturbed": perturb.active(),
     }
 
 
 def reset() -> None:
-    """Forget every op's resolution (for tests that change the environment)."""
+    """Forget every op's resolution (for tests that change the environment, and for a run that
+    switches ops to other backends between passes); call counts are kept (:func:`reset_calls`)."""
     for op in _OPS.values():
         op.reset()
     backend_env.reset()
+
+
+def reset_calls() -> None:
+    """Start every op's call count from zero."""
+    for op in _OPS.values():
+        op.calls.clear()

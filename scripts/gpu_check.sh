@@ -10,6 +10,9 @@
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
+#   determinism  the ab and e2e stages of the local image twice (pytest -m gpu tests/test_determinism.py;
+#              needs the pipeline's packages: pyyaml, rich, psutil): A/B dumps bitwise equal, tokens,
+#              logprobs and top-2 margins identical, kernel configs fixed by the stages (ENGINE_OPS_TUNE=0)
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
@@ -39,7 +42,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,native,bench,vendor,tilelang,profile,ncu},
+STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,vendor,tilelang,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
 declare -a ROWS
 
@@ -77,12 +80,14 @@ fi
 per_test=()
 $PY -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 # The full-shape A/B of the fused kernels is the ab step's job, not repeated here.
-# The vendor backends' GPU tests are the vendor-tests step's job when it runs.
-vendor_tests=()
-want vendor-tests && vendor_tests=(--ignore=tests/test_vendor_gpu.py)
-want tilelang-tests && vendor_tests+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
+# The vendor backends' GPU tests are the vendor-tests step's job when it runs, the stages twice
+# the determinism step's, the TileLang tests the tilelang-tests step's.
+elsewhere=()
+want vendor-tests && elsewhere=(--ignore=tests/test_vendor_gpu.py)
+want determinism && elsewhere+=(--ignore=tests/test_determinism.py)
+want tilelang-tests && elsewhere+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
-  "${vendor_tests[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
+  "${elsewhere[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
 want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
@@ -92,6 +97,7 @@ if want e2e; then
     step e2e 150 $PY -m engine.launch --device cuda --out "$OUT/e2e"
   fi
 fi
+want determinism && step determinism 600 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_determinism.py
 if want native; then
   wait $native_pid
   ROWS+=("$(printf '%-14s %-8s %5s   %s' native "$(tail -n 1 "$OUT/native-build.log")" - "$(grep -E 'passed|failed' "$OUT/native-build.log" | tail -n 1 | cut -c1-90)")")

@@ -7,7 +7,8 @@
       timeouts: {env: 1800, build: 3600, verify: 900, ab: 3600, e2e: 3600}
       world_size: 8                    # ranks for e2e when an image does not say (default:
                                        # the launcher's: one per GPU, or 8 gloo ranks on CPU)
-      diff: {near_tie_margin: 1.0}
+      diff: {near_tie_margin: 1.0,     # the replay's tolerances (default: by dtype, engine.replay.compare)
+             layer_tolerance: 1.0e-4, logprob_tolerance: 1.0e-3}
     overrides:                         # shared settings, applied to every image a glob selects
       - select: "flag*"                # a glob or a list of globs over image names
         env: {"LD_LIBRARY_PATH+": /opt/extra/lib}
@@ -28,6 +29,8 @@
         prompts: prompts.jsonl         #   default: the bundled tiny checkpoint and its key)
         answer_key: key.json
         peer: {engine: vllm}           # the peer stage: a second engine on the same model (bringup.peer)
+        replay: {prompts: 4, positions: 8, layers: [0, 1, 2]}   # the replay stage's size (engine.replay;
+                                       # default: every prompt, 8 positions, every layer)
 
 Image fields are resolved as: every matching override in file order, then the image's own
 entry on top; mappings (``env``, ``expect``) merge key by key, anything else is replaced.
@@ -77,8 +80,11 @@ DOCKER_REF = rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?
 BASE_WHAT = "a docker image reference such as 'vllm/vllm-openai:v0.32.0' or 'offline:<name>'"
 VERSION_WHAT = 'a version string such as "2.11.0+cu130" (or null: not checked)'
 IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts",
-                *MODEL_FIELDS, "peer")
-DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600, "peer": 1800}
+                *MODEL_FIELDS, "peer", "replay")
+DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600, "peer": 1800, "replay": 1800,
+                    "blame": 3600}
+REPLAY_KEYS = ("prompts", "positions", "layers")
+MAX_REPLAY_POSITIONS = 256  # engine.replay.MAX_POSITIONS (the pipeline does not import the engine)
 RESERVED_ENV = ("BRINGUP_RUN_ID",)
 
 
@@ -108,10 +114,11 @@ class Image:
     prompts: Path | None = None
     answer_key: Path | None = None
     peer: dict[str, Any] | None = None  # the peer stage's settings (None: no peer stage)
+    replay: dict[str, Any] = field(default_factory=dict)  # the replay stage's prompts, positions, layers (unset: defaults)
 
     def entry(self) -> dict[str, Any]:
-        """The resolved entry as JSON (part of every stage's cache key; the model inputs and the
-        peer settings are part of the e2e and peer stages' keys only, see bringup.host.stage_inputs)."""
+        """The resolved entry as JSON (part of every stage's cache key; the model inputs, the
+        peer and the replay settings are part of their stages' keys only, see bringup.host.stage_inputs)."""
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
@@ -120,7 +127,12 @@ class Image:
 
 @dataclass(frozen=True)
 class DiffSettings:
+    """``layer_tolerance`` / ``logprob_tolerance``: the replay's (None: by dtype, see
+    engine.replay.compare)."""
+
     near_tie_margin: float = NEAR_TIE_MARGIN
+    layer_tolerance: float | None = None
+    logprob_tolerance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -252,7 +264,27 @@ def _fields(raw: Any, at: At, base_dir: Path, recipes: dict[str, Recipe]) -> dic
             fields[key] = None if value is None else model_field(key, value, key_at, base_dir)
         elif key == "peer":
             fields[key] = peer_field(value, key_at)
+        elif key == "replay":
+            fields[key] = _replay(value, key_at)
     return fields
+
+
+def _replay(value: Any, at: At) -> dict[str, Any]:
+    entries = mapping(value if value is not None else {}, at, optional=REPLAY_KEYS)
+    replay: dict[str, Any] = {}
+    if entries.get("prompts") is not None:
+        replay["prompts"] = integer(entries["prompts"], at.key("prompts"), 1, "a number of prompts >= 1 (or null: all)")
+    if entries.get("positions") is not None:
+        positions = integer(entries["positions"], at.key("positions"), 0, "a number of positions >= 0")
+        if positions > MAX_REPLAY_POSITIONS:
+            at.key("positions").fail(f"expected at most {MAX_REPLAY_POSITIONS} positions (hidden states are kept for each), got {positions}")
+        replay["positions"] = positions
+    if entries.get("layers") is not None:
+        layers = entries["layers"]
+        if not isinstance(layers, list) or not layers:
+            expected(at.key("layers"), "a non-empty list of layer numbers (or null: every layer)", layers)
+        replay["layers"] = [integer(v, at.key("layers").index(i), 0, "a layer number >= 0") for i, v in enumerate(layers)]
+    return replay
 
 
 def _env(value: Any, at: At) -> dict[str, str | None]:
@@ -316,7 +348,7 @@ def _image(name: str, fields: dict[str, Any], at: At, recipes: dict[str, Recipe]
         env=fields.get("env", {}), recipes=fields.get("recipes", []), gpus=fields.get("gpus"),
         world_size=fields.get("world_size"), e2e_prompts=fields.get("e2e_prompts"),
         python=fields.get("python", None if runner == "local" else "python3"), context=context,
-        **{k: fields.get(k) for k in (*MODEL_FIELDS, "peer")},
+        **{k: fields.get(k) for k in (*MODEL_FIELDS, "peer")}, replay=fields.get("replay", {}),
     )
 
 
@@ -326,10 +358,13 @@ def _settings(value: Any, at: At) -> Settings:
     t_at = at.key("timeouts")
     for stage, seconds in mapping(raw.get("timeouts") or {}, t_at, optional=STAGES).items():
         timeouts[stage] = integer(seconds, t_at.key(stage), 1, "a number of seconds >= 1")
-    diff = mapping(raw.get("diff") or {}, at.key("diff"), optional=("near_tie_margin",))
-    margin = number(diff.get("near_tie_margin", DiffSettings.near_tie_margin), at.key("diff").key("near_tie_margin"), 0.0,
+    diff_at = at.key("diff")
+    diff = mapping(raw.get("diff") or {}, diff_at, optional=("near_tie_margin", "layer_tolerance", "logprob_tolerance"))
+    margin = number(diff.get("near_tie_margin", DiffSettings.near_tie_margin), diff_at.key("near_tie_margin"), 0.0,
                     "a logprob margin >= 0")
+    tolerances = {key: None if diff.get(key) is None else number(diff[key], diff_at.key(key), 0.0, "a tolerance >= 0 such as 1.0e-4 (or null: by dtype)")
+                  for key in ("layer_tolerance", "logprob_tolerance")}
     return Settings(timeouts=timeouts,
                     world_size=None if raw.get("world_size") is None
                     else integer(raw["world_size"], at.key("world_size"), 1, "a number of ranks >= 1"),
-                    diff=DiffSettings(near_tie_margin=margin))
+                    diff=DiffSettings(near_tie_margin=margin, **tolerances))

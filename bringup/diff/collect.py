@@ -1,6 +1,7 @@
 """Collect the cross-image diff: read every compared image's artifacts and compare each
-with the reference image's (versions, stage results, builds, kernel dumps, tokens, fallbacks),
-and, within each image that has a peer engine, our engine's tokens with the peer's.
+with the reference image's (versions, stage results, kernel configurations, builds, kernel
+dumps, tokens and their logprobs, fallbacks, teacher-forced replays, exercised ops, blame), and,
+within each image that has a peer engine, our engine's tokens with the peer's.
 
 Kernel dumps are compared per backend: an image's default-backend dump (``ab/``) with the
 reference's, and each other backend's dump (``ab/<backend>/``) with the reference's dump of
@@ -17,27 +18,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bringup.artifacts import PASSED
+from bringup.artifacts import CROSS_IMAGE_STAGES, PASSED
+from bringup.diff.blame import BlameRow, blame_section
+from bringup.diff.coverage import Coverage, coverage_section
 from bringup.diff.inputs import (
     AB_MANIFEST,
     AB_RESULTS,
+    BLAME_REPORT,
     BUILD,
     E2E_REPORT,
     E2E_TOKENS,
     ENV,
     MADE_BY,
     PEER_REPORT,
+    REPLAY_REPORT,
     VERIFY,
     ImageArtifacts,
     Missing,
     UnusableInput,
 )
-from bringup.diff.tokens import IDENTICAL, MISMATCH, REAL, Divergence, compare_generations, logprob_deltas, read_generations
+from bringup.diff.replay import ReplayRow, replay_section
+from bringup.diff.tokens import (
+    IDENTICAL,
+    MISMATCH,
+    REAL,
+    Divergence,
+    compare_generations,
+    logprob_deltas,
+    margin_deltas,
+    read_generations,
+)
 from kernels.ab import FAILED, compare_dumps
 from kernels.compare import EQUAL
 from kernels.dump import DumpError
 
-STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT)
+STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT, REPLAY_REPORT, BLAME_REPORT)
+CONFIG_FILES = {"ab": AB_RESULTS, "e2e": E2E_REPORT, "replay": REPLAY_REPORT}  # records with kernel_configs
 
 
 @dataclass(frozen=True)
@@ -98,13 +114,22 @@ class KernelComparison:
 
 @dataclass
 class TokenComparison:
-    """An image's e2e tokens against the reference's, prompt by prompt."""
+    """An image's e2e tokens against the reference's, prompt by prompt, with the ``|delta|`` of
+    the chosen tokens' logprobs and top-2 margins at each position of the common prefix."""
 
     column: str
     rows: list[Divergence]
+    logprob_deltas: dict[int, list[float]] = field(default_factory=dict)
+    margin_deltas: dict[int, list[float]] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.rows)
+
+    @staticmethod
+    def stats(deltas: dict[int, list[float]], prompt: int | None = None) -> tuple[float, float] | None:
+        """``(max, mean)`` over every position of every prompt (or of one), None without any."""
+        values = [d for i, ds in deltas.items() if prompt in (None, i) for d in ds]
+        return (max(values), sum(values) / len(values)) if values else None
 
 
 @dataclass
@@ -140,6 +165,8 @@ class DiffResult:
     artifacts: Path
     columns: list[Column]
     near_tie_margin: float
+    layer_tolerance: float | None = None   # the replay's (None: by dtype)
+    logprob_tolerance: float | None = None
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
     stages: dict[str, dict[str, str]] = field(default_factory=dict)
     builds: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -149,6 +176,10 @@ class DiffResult:
     tokens: list[TokenComparison] = field(default_factory=list)
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
     peers: list[PeerComparison] = field(default_factory=list)
+    kernel_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    replays: list[ReplayRow] = field(default_factory=list)
+    coverage: list[Coverage] = field(default_factory=list)
+    blames: list[BlameRow] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     not_run: list[str] = field(default_factory=list)
@@ -172,13 +203,17 @@ class DiffResult:
         could not run is not a case shown equal)."""
         return sum(len(k.failed()) + k.one_sided() for k in self.kernels)
 
+    def replay_failures(self) -> int:
+        """Images whose teacher-forced replay is beyond tolerance of the reference's."""
+        return sum(not r.within() for r in self.replays)
+
     def exit_code(self) -> int:
         """2: unusable input (missing or broken artifacts, or nothing to compare); 1: a real divergence, a kernel case
-        beyond tolerance or dumped by one side only; 0: everything identical or within
+        beyond tolerance or dumped by one side only, a replay beyond tolerance; 0: everything identical or within
         tolerance / near-tie."""
         if self.missing or self.problems or self.nothing_compared():
             return 2
-        return 1 if self.real_divergences() or self.kernel_failures() else 0
+        return 1 if self.real_divergences() or self.kernel_failures() or self.replay_failures() else 0
 
     def nothing_compared(self) -> bool:
         """No kernel case and no prompt was compared (no A/B dump nor e2e tokens anywhere)."""
@@ -194,6 +229,8 @@ class DiffResult:
         if code:
             return "unusable input" if code == 2 else "differs"
         bitwise = all(d.status == EQUAL for k in self.kernels for r in k.results for d in r.outputs)
+        bitwise &= all(r.comparison.max_layer_error() in (0.0, None) and r.comparison.max_logprob_delta() in (0.0, None)
+                       for r in self.replays)
         same_tokens = all(r.status == IDENTICAL for t in self.tokens for r in t.rows)
         same_tokens &= all(r.status == IDENTICAL for p in self.peers if p.counts for r in p.rows)
         return "identical" if bitwise and same_tokens else "within tolerance"
@@ -213,17 +250,21 @@ def make_columns(artifacts: Path, images: list[str], reference: str) -> list[Col
     return columns
 
 
-def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin: float) -> DiffResult:
-    """Compare ``images`` with ``reference`` from the artifact folders under ``artifacts``.
+def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin: float,
+            layer_tolerance: float | None = None, logprob_tolerance: float | None = None) -> DiffResult:
+    """Compare ``images`` with ``reference`` from the artifact folders under ``artifacts``
+    (``layer_tolerance``, ``logprob_tolerance``: the replay's; None: by dtype).
 
     A broken artifact spoils only its own cell: it is recorded in ``problems`` and the rest of
     the report is still filled in.
     """
-    result = DiffResult(Path(artifacts), make_columns(Path(artifacts), images, reference), near_tie_margin)
+    result = DiffResult(Path(artifacts), make_columns(Path(artifacts), images, reference), near_tie_margin,
+                        layer_tolerance, logprob_tolerance)
     result.missing, result.not_run = _missing(result.columns)
-    steps = [(section, col) for section in (_versions, _stages, _builds, _fallbacks) for col in result.columns]
+    steps = [(section, col) for section in (_versions, _stages, _kernel_configs, _builds, _fallbacks) for col in result.columns]
     steps += [(_within, col) for col in result.columns if col.label == col.artifacts.name]
-    steps += [(section, col) for section in (_kernels, _tokens) for col in result.compared]
+    steps += [(section, col) for section in (_kernels, _tokens, replay_section, coverage_section, blame_section)
+              for col in result.compared]
     steps += [(_peers, col) for col in _first_of_each_image(result.columns)]
     for section, col in steps:
         try:
@@ -256,7 +297,8 @@ def _missing(columns: list[Column]) -> tuple[list[Missing], list[str]]:
         if not having:
             not_run.append(f"{rel} (stage {stage})")
             continue
-        missing += [Missing(a.name, rel, stage) for a in present if not a.has(rel)]
+        against = columns[0].artifacts.name if stage in CROSS_IMAGE_STAGES else ""
+        missing += [Missing(a.name, rel, stage, against) for a in present if not a.has(rel)]
     return missing, not_run
 
 
@@ -294,6 +336,18 @@ def _stages(result: DiffResult, col: Column) -> None:
         if rel == ENV:
             row["run_id"] = str(data.get("run_id", "?"))
     result.stages[col.label] = row
+
+
+def _kernel_configs(result: DiffResult, col: Column) -> None:
+    """How each stage chose its kernel configurations (``kernel_configs`` of its record)."""
+    row: dict[str, str] = {}
+    for stage, rel in CONFIG_FILES.items():
+        configs = (col.artifacts.json_or_none(rel) or {}).get("kernel_configs")
+        if isinstance(configs, dict):
+            timing = "chosen by timing: may differ run to run" if configs.get("timing_based") else "fixed (not timed)"
+            row[stage] = f"ENGINE_OPS_TUNE={configs.get('ENGINE_OPS_TUNE')} from the {configs.get('source')}: {timing}"
+    if row:
+        result.kernel_configs[col.label] = row
 
 
 def _builds(result: DiffResult, col: Column) -> None:
@@ -351,9 +405,18 @@ def _tokens(result: DiffResult, col: Column) -> None:
     if not (ref.has(E2E_TOKENS) and col.artifacts.has(E2E_TOKENS)):
         return
     reference = read_generations(ref.path(E2E_TOKENS))
-    rows = compare_generations(reference, read_generations(col.artifacts.path(E2E_TOKENS)), result.near_tie_margin)
-    result.tokens.append(TokenComparison(col.label, rows))
-    result.problems += [f"{col.label}: prompt {r.prompt_index}: {r.detail}" for r in rows if r.status == MISMATCH]
+    ours = read_generations(col.artifacts.path(E2E_TOKENS))
+    comparison = TokenComparison(col.label, compare_generations(reference, ours, result.near_tie_margin))
+    for row in comparison.rows:
+        if row.status == MISMATCH:
+            result.problems.append(f"{col.label}: prompt {row.prompt_index}: {row.detail}")
+            continue
+        ref_gen, our_gen = reference[row.prompt_index], ours[row.prompt_index]
+        comparison.margin_deltas[row.prompt_index] = margin_deltas(ref_gen, our_gen)
+        deltas = logprob_deltas(ref_gen, our_gen)
+        if deltas is not None:
+            comparison.logprob_deltas[row.prompt_index] = deltas
+    result.tokens.append(comparison)
 
 
 def _fallbacks(result: DiffResult, col: Column) -> None:

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENV, BUILD, VERIFY, AB_MANIFEST, AB_RESULTS, E2E_REPORT, E2E_TOKENS = (
-    "env.json", "build.json", "verify.json", "ab/manifest.json", "ab/results.json", "e2e/report.json", "e2e/tokens.jsonl")
+ENV, BUILD, VERIFY, AB_MANIFEST, AB_RESULTS, E2E_REPORT, E2E_TOKENS, REPLAY_REPORT = (
+    "env.json", "build.json", "verify.json", "ab/manifest.json", "ab/results.json", "e2e/report.json", "e2e/tokens.jsonl",
+    "replay/report.json")
 
-MADE_BY = {ENV: "env", BUILD: "build", VERIFY: "verify", AB_MANIFEST: "ab", AB_RESULTS: "ab", E2E_REPORT: "e2e", E2E_TOKENS: "e2e"}
-# Only images with a peer engine have it (stage peer), so it is never reported missing.
+MADE_BY = {ENV: "env", BUILD: "build", VERIFY: "verify", AB_MANIFEST: "ab", AB_RESULTS: "ab", E2E_REPORT: "e2e", E2E_TOKENS: "e2e",
+           REPLAY_REPORT: "replay"}
+# Only images with a peer engine have it (stage peer), and only images blamed have a blame report
+# (stage blame, or invoke diff --blame), so neither is ever reported missing.
 PEER_REPORT = "peer/report.json"
+BLAME_REPORT = "blame/report.json"
 
 
 class UnusableInput(Exception):
@@ -30,12 +34,14 @@ class Missing:
     image: str
     file: str
     stage: str
+    reference: str = ""  # for a stage that compares with the reference image (replay)
 
     def message(self, artifacts: Path) -> str:
         if self.stage == "all":
             return f"{self.image}: no artifacts folder {artifacts / self.image} (make it: invoke all --image {self.image})"
+        against = f" --reference {self.reference}" if self.reference else ""
         return (f"{self.image}: lacks {artifacts / self.image / self.file} "
-                f"(made by stage {self.stage}: invoke {self.stage} --image {self.image})")
+                f"(made by stage {self.stage}: invoke {self.stage} --image {self.image}{against})")
 
 
 @dataclass(frozen=True)

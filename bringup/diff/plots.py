@@ -12,6 +12,10 @@ from bringup.diff.tokens import IDENTICAL, MISMATCH, NEAR_TIE, REAL
 KERNEL_HEATMAP = "kernel_errors.png"
 TOKEN_DIVERGENCE = "token_divergence.png"
 PEER_AGREEMENT = "peer_agreement.png"
+REPLAY_LAYERS = "replay_layers.png"
+REPLAY_LOGPROBS = "replay_logprobs.png"
+CURVE_FLOOR = 1e-12  # where a zero error or delta is drawn on the log scale
+LINE_STYLES = ("-o", "--s", "-.^", ":D", "-v", "--P")
 DELTA_FLOOR = 1e-9  # where a zero logprob delta is drawn on the log scale
 ZERO_FLOOR = 1e-9  # colour of bitwise-equal cells on the log scale
 STATUS_STYLE = {IDENTICAL: ("o", "#2ca02c"), NEAR_TIE: ("D", "#ff9f1c"), REAL: ("X", "#d62728"), MISMATCH: ("s", "#7f7f7f")}
@@ -119,3 +123,62 @@ def peer_agreement(result: DiffResult, folder: Path) -> str | None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     _save(fig, folder / PEER_AGREEMENT)
     return PEER_AGREEMENT
+
+
+def replay_layers(result: DiffResult, folder: Path) -> str | None:
+    """Per-layer relative error of each image's replay against the reference's: layer on x,
+    error on y (log), one line per image, the tolerance dashed, the first layer beyond it circled."""
+    rows = [r for r in result.replays if r.comparison.layers]
+    if not rows:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8))
+    ax = fig.subplots()
+    for i, row in enumerate(rows):
+        c = row.comparison
+        ax.plot(c.layers, [max(e, CURVE_FLOOR) for e in c.layer_errors], LINE_STYLES[i % len(LINE_STYLES)], label=row.column)
+        first = c.first_layer_beyond()
+        if first is not None:
+            y = max(c.layer_errors[c.layers.index(first)], CURVE_FLOOR)
+            ax.scatter([first], [y], s=160, facecolors="none", edgecolors="#d62728", linewidths=2, zorder=4)
+    for tolerance in sorted({r.comparison.tolerance.layer for r in rows}):
+        ax.axhline(tolerance, color="#d62728", linestyle="--", linewidth=1, label=f"tolerance {tolerance:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (output on the residual stream)")
+    ax.set_ylabel(f"relative error vs {result.reference.label}\n(0 drawn at {CURVE_FLOOR:g})")
+    ax.set_xticks(sorted({layer for r in rows for layer in r.comparison.layers}))
+    ax.set_title(f"teacher-forced replay: per-layer error vs {result.reference.label} (circle: first layer beyond)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    _save(fig, folder / REPLAY_LAYERS)
+    return REPLAY_LAYERS
+
+
+def replay_logprobs(result: DiffResult, folder: Path) -> str | None:
+    """Per-position |delta logprob| of the forced tokens against the reference's replay: the
+    positions of every prompt side by side (grey lines between prompts), one line per image."""
+    rows = [r for r in result.replays if r.comparison.deltas]
+    if not rows:
+        return None
+    from matplotlib.figure import Figure
+
+    keys = sorted({(p, j) for r in rows for p, j, _ in r.comparison.deltas})
+    x_of = {key: i for i, key in enumerate(keys)}
+    fig = Figure(figsize=(max(6.4, 0.05 * len(keys) + 3), 3.8))
+    ax = fig.subplots()
+    for i, row in enumerate(rows):
+        points = sorted((x_of[(p, j)], max(d, CURVE_FLOOR)) for p, j, d in row.comparison.deltas)
+        ax.plot([x for x, _ in points], [y for _, y in points], LINE_STYLES[i % len(LINE_STYLES)], markersize=3, label=row.column)
+    starts = [x_of[k] for k in keys if k[1] == 0]
+    for x in starts[1:]:
+        ax.axvline(x - 0.5, color="#cccccc", linewidth=0.8)
+    for tolerance in sorted({r.comparison.tolerance.logprob for r in rows}):
+        ax.axhline(tolerance, color="#d62728", linestyle="--", linewidth=1, label=f"tolerance {tolerance:g}")
+    ax.set_yscale("log")
+    ax.set_xticks(starts, [str(keys[x][0]) for x in starts], fontsize=7)
+    ax.set_xlabel("replayed position, prompt by prompt (tick: a prompt's first position, labelled by its index)")
+    ax.set_ylabel(f"|delta logprob| of the forced token\n(0 drawn at {CURVE_FLOOR:g})")
+    ax.set_title(f"teacher-forced replay: per-position logprob delta vs {result.reference.label}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    _save(fig, folder / REPLAY_LOGPROBS)
+    return REPLAY_LOGPROBS

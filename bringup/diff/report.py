@@ -1,14 +1,17 @@
-"""Render a :class:`~.collect.DiffResult` as ``report.md`` and ``report.html`` with PNG plots."""
+"""Render a :class:`~.collect.DiffResult` as ``report.md`` and ``report.html`` with PNG plots,
+and its summary as ``report.json``."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bringup.artifacts import write_text
+from bringup.artifacts import write_json, write_text
 from bringup.diff import plots
-from bringup.diff.collect import DiffResult, KernelComparison, PeerComparison
+from bringup.diff.collect import DiffResult, KernelComparison, PeerComparison, TokenComparison
 from bringup.diff.document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
+from bringup.diff.report_explain import blame_blocks, coverage_blocks, replay_blocks
+from bringup.diff.summary import summary
 from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
 from kernels.compare import DIFFERS
 
@@ -46,6 +49,7 @@ def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
     if result.not_run:
         blocks.append(Paragraph("No image has: " + ", ".join(result.not_run) + "."))
     for title, data, key in (("Versions", result.versions, "component"), ("Stages", result.stages, "artifact"),
+                             ("Kernel configurations (ENGINE_OPS_TUNE)", result.kernel_configs, "stage"),
                              ("Builds", result.builds, "target"), ("Fallbacks", result.fallbacks, "op")):
         table = _grid(result, data, key)
         if table is not None:
@@ -53,6 +57,9 @@ def build(result: DiffResult, figures: dict[str, str | None]) -> list[Block]:
     blocks += _kernel_blocks(result, figures.get("kernels"))
     blocks += _within_blocks(result)
     blocks += _token_blocks(result, figures.get("tokens"))
+    blocks += replay_blocks(result, figures)
+    blocks += blame_blocks(result)
+    blocks += coverage_blocks(result)
     blocks += _peer_blocks(result, figures.get("peers"))
     return blocks
 
@@ -115,17 +122,29 @@ def _token_blocks(result: DiffResult, figure: str | None) -> list[Block]:
     blocks: list[Block] = [Heading(2, f"E2E tokens against {result.reference.label}")]
     if figure:
         blocks.append(Figure(figure, "first divergence per prompt and image"))
+    blocks.append(Paragraph("Logprob and margin deltas: |image - reference| of the chosen tokens' logprobs and top-2 "
+                            "margins at each position of the common prefix (before the first divergence), max / mean."))
     for comparison in result.tokens:
         blocks.append(Heading(3, comparison.column))
+        blocks.append(Paragraph(f"Over every common prefix: |delta logprob| {_stats(comparison.logprob_deltas)}; "
+                                f"|delta top-2 margin| {_stats(comparison.margin_deltas)}."))
         rows = []
         for r in comparison.rows:
             margin = ABSENT if r.margin is None else f"{r.margin:.3f}"
             tokens = ABSENT if r.position is None else f"{r.reference_token} -> {r.token}"
             rows.append([str(r.prompt_index), _short(r.prompt), r.status, ABSENT if r.position is None else str(r.position),
-                         margin, tokens, f"{r.reference_length} / {r.length}", r.detail])
+                         margin, tokens, f"{r.reference_length} / {r.length}",
+                         _stats(comparison.logprob_deltas, r.prompt_index), _stats(comparison.margin_deltas, r.prompt_index),
+                         r.detail])
         blocks.append(Table(["prompt", "text", "status", "first divergence", "reference top-2 margin",
-                             "reference -> image token", "lengths (ref / image)", "detail"], rows))
+                             "reference -> image token", "lengths (ref / image)", "|delta logprob| max / mean",
+                             "|delta margin| max / mean", "detail"], rows))
     return blocks
+
+
+def _stats(deltas: dict[int, list[float]], prompt: int | None = None) -> str:
+    stats = TokenComparison.stats(deltas, prompt)
+    return ABSENT if stats is None else f"{stats[0]:.2e} / {stats[1]:.2e}"
 
 
 def _delta(value: float | None) -> str:
@@ -179,15 +198,18 @@ def _peer_blocks(result: DiffResult, figure: str | None) -> list[Block]:
 
 
 def write(result: DiffResult, folder: Path) -> dict[str, Path]:
-    """Write the plots, report.md and report.html into ``folder``; returns their paths."""
+    """Write the plots, report.md, report.html and report.json into ``folder``; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     figures = {"kernels": plots.kernel_heatmap(result, folder), "tokens": plots.token_divergence(result, folder),
-               "peers": plots.peer_agreement(result, folder)}
-    for stale in {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE, plots.PEER_AGREEMENT} - set(figures.values()):
+               "peers": plots.peer_agreement(result, folder), "replay_layers": plots.replay_layers(result, folder),
+               "replay_logprobs": plots.replay_logprobs(result, folder)}
+    every = {plots.KERNEL_HEATMAP, plots.TOKEN_DIVERGENCE, plots.PEER_AGREEMENT, plots.REPLAY_LAYERS, plots.REPLAY_LOGPROBS}
+    for stale in every - set(figures.values()):
         (folder / stale).unlink(missing_ok=True)
     blocks = build(result, figures)
     write_text(folder / "report.md", to_markdown(blocks))
     write_text(folder / "report.html", to_html(blocks, f"bringup diff against {result.reference.label}", folder))
-    paths = {"report.md": folder / "report.md", "report.html": folder / "report.html"}
+    write_json(folder / "report.json", summary(result))
+    paths = {"report.md": folder / "report.md", "report.html": folder / "report.html", "report.json": folder / "report.json"}
     paths.update({name: folder / name for name in figures.values() if name})
     return paths

@@ -1,8 +1,10 @@
 """``invoke diff``: collect, write the report under ``<artifacts>/diff/``, print a summary.
+With ``--blame``, first run the blame stage (through the pipeline, in each image) for every image
+that needs it (a real token divergence or a replay beyond tolerance, and no current blame report).
 
-Exit status: 0 identical or within tolerance, 1 a real token divergence or a kernel case
-beyond tolerance, 2 unusable input (nothing to compare; or missing or broken artifacts, and
-then the report is still written with what could be read).
+Exit status: 0 identical or within tolerance, 1 a real token divergence, a kernel case or a
+replay beyond tolerance, 2 unusable input (nothing to compare; or missing or broken artifacts,
+and then the report is still written with what could be read).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bringup.diff.blame import needs_blame
 from bringup.diff.collect import DiffResult, collect
 from bringup.diff.report import write
 from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
@@ -17,9 +20,11 @@ from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
 REPORT_FOLDER = "diff"
 
 
-def command(matrix: str, artifacts: str, images: str = "", reference: str = "", near_tie_margin: str = "") -> int:
-    """``invoke diff``: defaults from the matrix (images with artifacts, reference, margin; see
-    :func:`pick_reference`); names are checked against it. Exit 2 on a bad matrix or argument."""
+def command(matrix: str, artifacts: str, images: str = "", reference: str = "", near_tie_margin: str = "",
+            blame: bool = False) -> int:
+    """``invoke diff``: defaults from the matrix (images with artifacts, reference, margin and the
+    replay's tolerances; see :func:`pick_reference`); names are checked against it. Exit 2 on a
+    bad matrix or argument."""
     from bringup.config.matrix import load_matrix
     from bringup.errors import ConfigError
 
@@ -38,7 +43,18 @@ def command(matrix: str, artifacts: str, images: str = "", reference: str = "", 
         return 2
     folder = Path(artifacts)
     chosen = names or default_images(folder, list(m.images))
-    return run_diff(folder, chosen, reference or pick_reference(m.reference, names), margin)
+    ref = reference or pick_reference(m.reference, names)
+    tolerances = (m.settings.diff.layer_tolerance, m.settings.diff.logprob_tolerance)
+    run_blame = (lambda image: blame_stage(matrix, folder, image, ref)) if blame else None
+    return run_diff(folder, chosen, ref, margin, tolerances, run_blame)
+
+
+def blame_stage(matrix: str, artifacts: Path, image: str, reference: str) -> int:
+    """The blame stage of ``image`` against ``reference``, as ``invoke blame`` runs it."""
+    from bringup import cli
+
+    request = cli.StageRequest("blame", image=image, matrix=Path(matrix), artifacts=artifacts, reference=reference)
+    return cli.guarded(lambda: cli.run_stages(request))
 
 
 def pick_reference(matrix_reference: str, listed: list[str]) -> str:
@@ -51,8 +67,11 @@ def default_images(artifacts: Path, matrix_images: list[str]) -> list[str]:
     return [name for name in matrix_images if (artifacts / name).is_dir()]
 
 
-def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin: float) -> int:
-    """Diff ``images`` against ``reference``; writes the report and returns the exit status."""
+def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin: float,
+             tolerances: tuple[float | None, float | None] = (None, None), run_blame=None) -> int:
+    """Diff ``images`` against ``reference``; writes the report and returns the exit status.
+    ``tolerances``: the replay's (layer, logprob; None: by dtype); ``run_blame(image)``, when
+    given, runs the blame stage of each image that needs it before the report is written."""
     if near_tie_margin < 0:
         print(f"error: near-tie margin must be >= 0, got {near_tie_margin}", file=sys.stderr)
         return 2
@@ -63,7 +82,14 @@ def run_diff(artifacts: Path, images: list[str], reference: str, near_tie_margin
         print(f"error: nothing to compare with {reference!r}: no other image listed or with artifacts under {artifacts} "
               f"(make them: invoke all --image <name>)", file=sys.stderr)
         return 2
-    result = collect(Path(artifacts), images, reference, near_tie_margin)
+    result = collect(Path(artifacts), images, reference, near_tie_margin, *tolerances)
+    if run_blame is not None:
+        wanted = needs_blame(result)
+        print(f"blame: {', '.join(wanted) if wanted else 'none to run (no image needs it, or its blame report is current)'}")
+        for image in wanted:
+            run_blame(image)
+        if wanted:
+            result = collect(Path(artifacts), images, reference, near_tie_margin, *tolerances)
     paths = write(result, Path(artifacts) / REPORT_FOLDER)
     print_summary(result)
     for message in [m.message(result.artifacts) for m in result.missing] + result.problems:
@@ -109,6 +135,8 @@ def print_summary(result: DiffResult) -> None:
         for k in result.within:
             within.add_row(k.column, _kernel_cell(k), str(len(k.one_side.get("only_in_b", []))))
         Console(width=160).print(within)
+    if result.replays or result.coverage or any(b.why or b.report for b in result.blames):
+        Console(width=160).print(explain_table(result))
     if result.peers:
         peers = Table(title="our engine against the peer engine (within each image)")
         for col in ("image", "case / peer run", "counts", "tokens (same/near-tie/real)", "max logprob delta"):
@@ -118,3 +146,30 @@ def print_summary(result: DiffResult) -> None:
             delta = p.max_delta()
             peers.add_row(p.column, f"{p.case} / {p.run}", "yes" if p.counts else "no", cell, "-" if delta is None else f"{delta:.2e}")
         Console(width=160).print(peers)
+
+
+def explain_table(result: DiffResult):
+    """Per image: logprob deltas over the common prefixes, the replay (first layer beyond
+    tolerance, worst errors), blame and the ops that never ran."""
+    from rich.table import Table
+
+    table = Table(title=f"where and why, against {result.reference.label}")
+    for col in ("image", "max |d logprob| (e2e)", "replay: first layer beyond", "max layer error", "max |d logprob| (replay)",
+                "blame", "never ran / other backend"):
+        table.add_column(col)
+    tokens = {t.column: t for t in result.tokens}
+    replays = {r.column: r for r in result.replays}
+    blames = {b.column: b for b in result.blames}
+    coverage = {c.column: c for c in result.coverage}
+    for col in result.compared:
+        t, r, b, c = tokens.get(col.label), replays.get(col.label), blames.get(col.label), coverage.get(col.label)
+        stats = t.stats(t.logprob_deltas) if t else None
+        first = r.comparison.first_layer_beyond() if r else None
+        table.add_row(
+            col.label, "-" if stats is None else f"{stats[0]:.2e}",
+            "-" if r is None else ("within" if first is None else f"[bold red]{first}[/]"),
+            "-" if r is None or r.comparison.max_layer_error() is None else f"{r.comparison.max_layer_error():.2e}",
+            "-" if r is None or r.comparison.max_logprob_delta() is None else f"{r.comparison.max_logprob_delta():.2e}",
+            "-" if b is None else (", ".join(b.blamed_ops()) or b.outcome),
+            "-" if c is None else f"{len(c.never_ran)} / {len(c.other_backend)}")
+    return table

@@ -18,10 +18,11 @@ from common.token_diff import (
     compare_generations,
     first_divergence,
     logprob_deltas,
+    margin_deltas,
 )
 
 __all__ = ["IDENTICAL", "MISMATCH", "NEAR_TIE", "REAL", "Divergence", "Generation", "classify", "compare_generations",
-           "first_divergence", "logprob_deltas", "read_generations"]
+           "first_divergence", "logprob_deltas", "margin_deltas", "read_generations"]
 
 
 def read_generations(path: Path) -> dict[int, Generation]:

@@ -5,6 +5,9 @@ through its runner with the stage's timeout, and make sure a record exists after
 A docker image's env stage commits its container as ``bringup-env/<image>:<hash>`` when the
 image has env recipes; later stages run from that image (named in env.json's ``image_ref``),
 with env.json's ``python`` and ``env`` exports. The local image uses env.json the same way.
+
+The replay and blame stages read another image's artifacts (the reference's e2e tokens, its
+replay: :func:`reference_inputs`); a missing one stops them before anything runs (exit 2).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from bringup.artifacts import (
     CACHED,
+    CROSS_IMAGE_STAGES,
     FAILED,
     INTERRUPTED,
     PASSED,
@@ -34,6 +38,7 @@ from bringup.config.matrix import Image, Matrix
 from bringup.config.model_inputs import MODEL_FIELDS
 from bringup.docker import images
 from bringup.docker.api import Docker, DockerError
+from bringup.errors import ConfigError
 from bringup.host.display import Display, Outcome
 from bringup.host.locks import stage_lock
 from bringup.host.stage_inputs import build_recipes, env_recipes, inputs_hash, local_identity, model_mounts, stage_inputs
@@ -58,6 +63,7 @@ class Options:
     world_size: int | None = None
     display: Display = field(default_factory=Display)
     model_inputs: dict[str, Path] = field(default_factory=dict)   # --model/--prompts/--answer-key: replace the image's
+    reference: str = ""   # the image replay and blame compare with (--reference, else the matrix's reference)
 
 
 class Pipeline:
@@ -98,12 +104,13 @@ class Pipeline:
         env_record = _usable(read_json(record_path(o.artifacts, image.name, "env"))) if stage != "env" else None
         build_record = _usable(read_json(record_path(o.artifacts, image.name, "build"))) if stage not in ("env", "build") else None
         upstream = {s: _upstream(read_json(record_path(o.artifacts, image.name, s))) for s in ("env", "build", "e2e")}
+        reference = self.reference_inputs(stage) if stage in CROSS_IMAGE_STAGES else {}
         try:
             ref, identity = self._image(image, stage, env_record)
             exported = self._reference_folders(image) if stage == "env" else {}
         except DockerError as exc:
             return self._record_failure(stage, image, run_id, "", utc_now(), str(exc), 0.0)
-        inputs = stage_inputs(stage, image, o.matrix, identity, upstream, self._world_size(image))
+        inputs = stage_inputs(stage, image, o.matrix, identity, upstream, self._world_size(image), reference)
         digest = inputs_hash(inputs)
         record = read_json(record_file)
         if not o.force and self._cache_hit(stage, record, digest):
@@ -112,7 +119,7 @@ class Pipeline:
         out = image_dir(o.artifacts, image.name)
         clear_output(o.artifacts, image.name, stage)
         spec_path = out / ".spec" / f"{stage}.json"
-        write_json(spec_path, self._spec(stage, image, run_id, digest, out, exported))
+        write_json(spec_path, self._spec(stage, image, run_id, digest, out, exported, reference))
         python = (env_record or {}).get("python") or image.python or sys.executable
         request = RunRequest(
             run_id=run_id, image=image.name, stage=stage,
@@ -149,14 +156,34 @@ class Pipeline:
             return LocalRunner(self.options.display.line)
         return DockerRunner(self.options.display.line, self.docker(), ref, image.gpus, self.options.keep, commit_to)
 
-    def _spec(self, stage: str, image: Image, run_id: str, digest: str, out: Path, exported: dict) -> dict[str, Any]:
+    def reference_inputs(self, stage: str) -> dict[str, Path]:
+        """What replay (the reference's e2e tokens) or blame (the reference's replay folder)
+        reads of the reference image; ConfigError naming the file and the command that makes it."""
+        o = self.options
+        ref = o.reference or o.matrix.reference
+        if stage == "replay":
+            key, needed = "tokens", image_dir(o.artifacts, ref) / "e2e" / "tokens.jsonl"
+            path, make = needed, f"invoke e2e --image {ref}"
+        else:
+            key, needed = "replay", record_path(o.artifacts, ref, "replay")
+            path, make = needed.parent, f"invoke replay --image {ref} --reference {ref}"
+        if not needed.is_file():
+            raise ConfigError(f"{shown(needed)}: missing: the {stage} stage compares with the reference image {ref!r} "
+                              f"(make it: {make}; or name another with --reference)")
+        return {key: path}
+
+    def _spec(self, stage: str, image: Image, run_id: str, digest: str, out: Path, exported: dict,
+              reference: dict[str, Path]) -> dict[str, Any]:
         m = self.options.matrix
         recipes = env_recipes(image, m) if stage == "env" else build_recipes(image, m) if stage == "build" else []
+        diff = m.settings.diff
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
                 "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
                 "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts, "owner_pipe": True,
                 **{k: str(getattr(image, k)) for k in MODEL_FIELDS if getattr(image, k) is not None}, "peer": image.peer,
-                "near_tie_margin": m.settings.diff.near_tie_margin}
+                "near_tie_margin": diff.near_tie_margin, "replay": image.replay,
+                "tolerance": {"layer": diff.layer_tolerance, "logprob": diff.logprob_tolerance},
+                "reference": {"image": self.options.reference or m.reference, **{k: str(v) for k, v in reference.items()}}}
 
     def _world_size(self, image: Image) -> int | None:
         """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""
@@ -174,7 +201,7 @@ class Pipeline:
         self.options.artifacts.mkdir(parents=True, exist_ok=True)
         mounts = [Mount(REPO, read_only=stage != "build"), Mount(self.options.artifacts, read_only=False)]
         mounts += [Mount(folder, read_only=True) for folder in sorted(set(exported.values()))]
-        if stage in ("e2e", "peer"):
+        if stage in ("e2e", "peer", *CROSS_IMAGE_STAGES):
             mounts += [Mount(path, read_only=True) for path in model_mounts(image)]
         if stage == "build":
             for recipe in build_recipes(image, self.options.matrix):

@@ -11,7 +11,10 @@ host interpreter and its torch/Triton for ``local``) and the code of the stage i
 * e2e: the env and build results, the world size, the sources of ``kernels`` and ``engine``
   and the bundled checkpoint, or the image's own model, prompts and answer key;
 * peer: the env and e2e results, the sources of ``bringup/peer``, ``kernels`` and ``engine``
-  (its random-MLA case runs the engine) and, as for e2e, the model files.
+  (its random-MLA case runs the engine) and, as for e2e, the model files;
+* replay, blame: the env and build results, the sources of ``kernels`` and ``engine``, the model
+  files as for e2e, the image's replay settings (replay) or the matrix's tolerances (blame), and
+  what they read of the reference image (its e2e tokens; its replay folder).
 
 Only cheap things here: no torch import (a no-op build must stay well under 2 s).
 """
@@ -36,6 +39,7 @@ STAGE_CODE = ["bringup/stages/**/*.py", "bringup/artifacts.py", "common/*.py"]
 SOURCES = {"verify": ["kernels/**/*.py", "engine/**/*.py"], "ab": ["kernels/**/*.py"],
            "e2e": ["kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"],
            "peer": ["bringup/peer/*.py", "kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
+SOURCES["replay"] = SOURCES["blame"] = SOURCES["e2e"]
 # Model files above this size (the weights) count by name, size and modification time, not content.
 CONTENT_LIMIT = 1 << 20
 
@@ -60,9 +64,10 @@ def build_recipes(image: Image, matrix: Matrix) -> list[Recipe]:
 
 
 def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstream: dict[str, str | None],
-                 world_size: int | None = None) -> dict[str, Any]:
+                 world_size: int | None = None, reference: dict[str, Path] | None = None) -> dict[str, Any]:
     """The inputs of ``stage`` for ``image``; ``upstream`` maps earlier stages to their inputs hash;
-    ``world_size`` is the e2e stage's (None: the launcher's default)."""
+    ``world_size`` is the e2e stage's (None: the launcher's default); ``reference``: the files or
+    folders replay and blame read of the reference image."""
     inputs: dict[str, Any] = {"stage": stage, "image": image.entry(), "identity": identity,
                               "code": hash_files(REPO, STAGE_CODE)}
     if stage == "env":
@@ -80,14 +85,20 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
             targets.append({"recipe": recipe.digest, "source": str(source), "files": files})
         inputs["recipes"] = targets
         return inputs
-    if stage in ("verify", "e2e"):
+    if stage in ("verify", "e2e", "replay", "blame"):
         inputs["build"] = upstream.get("build")
     if stage == "e2e":
         inputs["world_size"] = world_size
     if stage == "peer":
         inputs["e2e"] = upstream.get("e2e")
         inputs["peer"] = image.peer
-    if stage in ("e2e", "peer"):
+    if stage == "replay":
+        inputs["replay"] = image.replay
+    if stage == "blame":
+        inputs["tolerance"] = [matrix.settings.diff.layer_tolerance, matrix.settings.diff.logprob_tolerance]
+    if reference:
+        inputs["reference"] = {k: [str(path), file_identity(path)] for k, path in reference.items()}
+    if stage in ("e2e", "peer", "replay", "blame"):
         given = {k: getattr(image, k) for k in MODEL_FIELDS if getattr(image, k) is not None}
         inputs["model_files"] = {k: [str(path), file_identity(path)] for k, path in given.items()}
     inputs["sources"] = hash_files(REPO, SOURCES[stage])

@@ -5,7 +5,8 @@ every other backend available in this image (vendor extensions included); the ou
 dumped so another image, or another backend, can be compared element-wise: the default
 backend's in ``ab/`` (``ab/manifest.json`` + ``ab/*.safetensors``), each other backend's in
 ``ab/<backend>/``. Backends unavailable here are listed with the reason in ``ab/results.json``
-(``backends``), which is kernels.ab's JSON with the stage header merged in.
+(``backends``), which is kernels.ab's JSON with the stage header merged in. Kernel configurations
+are not chosen by timing (``ENGINE_OPS_TUNE=0`` unless the image sets it; ``kernel_configs``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ rank, agreement, answer-key score, timings, op backends, fallbacks, tracebacks),
 ``e2e/tokens.jsonl`` and ``e2e/rank<i>.log``. The world size is the image's (matrix), else the
 launcher's default: one rank per GPU, or 8 gloo ranks on CPU. An image's ``e2e_prompts``
 limits the run to the key's first N prompts (images that run Triton under its interpreter).
+Kernel configurations are not chosen by timing (``ENGINE_OPS_TUNE=0`` unless the image sets it;
+``kernel_configs``), so two runs of one image give the same tokens and logprobs.
 """
 
 from __future__ import annotations

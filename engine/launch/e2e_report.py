@@ -6,7 +6,8 @@
 ``report.json`` (``"schema": 1``): the stage header (``stage``, ``image``, ``run_id``, ``status``,
 ``started``, ``ended``, ``versions``), ``exit_code``, ``reason``, ``world_size``, ``device``,
 ``backend``, ``model``, ``max_tokens``, ``ops`` (rank 0's ``kernels.report()``: each op's backend
-and every fallback) and ``ops_differ`` (ranks whose report differs), ``native``, ``cuda_graphs`` (rank 0's captured
+and every fallback) and ``ops_differ`` (ranks whose report differs), ``op_calls`` (per op, the calls
+each backend ran, summed over the ranks; ``{}``: the op never ran), ``native``, ``cuda_graphs`` (rank 0's captured
 decode batch sizes, None when eager), ``env`` (the rank
 settings and whether the launcher set them), ``quirks``, ``consistent`` (every prompt gave one
 sequence on all ranks), ``answers`` (the answer-key score, None without a key), ``timings``,
@@ -83,6 +84,17 @@ def _prompt_entry(index: int, prompt: str, results: dict[int, dict], world_size:
             "ttft_s": ttft, "decode_tok_s": rate}
 
 
+def summed_calls(results: dict[int, dict]) -> dict[str, dict[str, int]]:
+    """Per op, the calls each backend ran on all ranks together (each rank's ``ops.calls``)."""
+    total: dict[str, dict[str, int]] = {}
+    for result in results.values():
+        for op, calls in (result["ops"].get("calls") or {}).items():
+            into = total.setdefault(op, {})
+            for backend, n in calls.items():
+                into[backend] = into.get(backend, 0) + n
+    return dict(sorted(total.items()))
+
+
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
@@ -136,6 +148,7 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
         "exit_code": exit_code, "reason": launch["reason"], "world_size": world_size, "device": launch["device"],
         "backend": first["backend"] if first else None, "model": launch["model"], "max_tokens": launch["max_tokens"],
         "versions": first["versions"] if first else None, "ops": first["ops"] if first else None, "ops_differ": ops_differ,
+        "op_calls": summed_calls(results),
         "native": first["native"] if first else None, "cuda_graphs": first.get("cuda_graphs") if first else None, "env": launch["env"], "quirks": launch["quirks"],
         "consistent": consistent, "answers": answers, "timings": timings, "ranks": launch["ranks"],
         "failure": failure, "tracebacks": tracebacks, "prompts": entries,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -41,7 +43,9 @@ class DecoderLayer:
 
 class DeepseekV3:
     """The model; ``ep`` (an :class:`engine.parallel.expert_parallel.ExpertParallel`) splits the
-    routed experts across ranks, None keeps them all here."""
+    routed experts across ranks, None keeps them all here. ``layer_hook``, when set, is called as
+    ``layer_hook(index, hidden)`` with each layer's output on the residual stream [T, hidden] (an
+    eager forward only: a CUDA graph replay calls no Python)."""
 
     def __init__(self, config: ModelConfig, load: LoadContext, max_positions: int, ep=None):
         self.config = config
@@ -55,6 +59,7 @@ class DeepseekV3:
             self.lm_head = self.embed
         else:
             load.stored("lm_head.weight")  # raises, naming the missing tensor
+        self.layer_hook: Callable[[int, torch.Tensor], None] | None = None
 
     def attention_layers(self) -> list[MLAttention]:
         return [layer.attn for layer in self.layers]
@@ -62,8 +67,10 @@ class DeepseekV3:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of the step's tokens."""
         h, residual = F.embedding(input_ids, self.embed), None
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             h, residual = layer(h, residual, positions, meta)
+            if self.layer_hook is not None:
+                self.layer_hook(index, h + residual)
         return self.norm(h, residual)[0]
 
     def idle(self) -> None:

@@ -33,10 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .attn import dot_f32
 from .common import compiled_for_gpu, round_to_dtype, silu_f32
-from .gemm import tuning_enabled
 from .quant import act_quant, quantize_groups
 
 

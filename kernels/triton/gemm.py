@@ -16,13 +16,13 @@ other bit for bit set ``ENGINE_OPS_TUNE=0``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import round_to_dtype
 
@@ -178,11 +178,6 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132
-
-
-def tuning_enabled() -> bool:
-    """False when ``ENGINE_OPS_TUNE=0``: use each shape's default configuration, untimed."""
-    return os.environ.get("ENGINE_OPS_TUNE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:

@@ -123,18 +123,23 @@ def stage_python(argv0: str, python: str) -> str:
 
 
 def run_recording_module(stage: str, argv: list[str], record_path: Path, exit_meaning: dict[int, str]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """Run an entry point that writes its own JSON record (``kernels.ab --json``, ``engine.launch``)
-    and turn it into the stage's result: ``(status, body, versions)``. The stage fails when the
-    command exits non-zero (its meaning from ``exit_meaning``) or writes no record."""
+    """Run an entry point that writes its own JSON record (``kernels.ab --json``, ``engine.launch``,
+    ``engine.replay``) and turn it into the stage's result: ``(status, body, versions)``. The
+    command runs with kernel configurations that do not depend on timing
+    (:func:`bringup.stages.support.tuning.fixed_configs`, recorded as ``kernel_configs``). The
+    stage fails when the command exits non-zero (its meaning from ``exit_meaning``) or writes no
+    record."""
     from bringup.artifacts import FAILED, PASSED, read_json
+    from bringup.stages.support.tuning import fixed_configs
 
     record_path.unlink(missing_ok=True)
-    print(f"[{stage}] {' '.join(argv)}", flush=True)
-    with interrupts.child(argv) as proc:
+    env, configs = fixed_configs(os.environ)
+    print(f"[{stage}] {' '.join(argv)} (ENGINE_OPS_TUNE={configs['ENGINE_OPS_TUNE']}, from the {configs['source']})", flush=True)
+    with interrupts.child(argv, env=env) as proc:
         code = proc.wait()
     record = read_json(record_path) or {}
     problems = [] if code == 0 else [f"{argv[2]} exited with {code} ({exit_meaning.get(code, 'crashed')})"]
     if not record:
         problems.append(f"{argv[2]} wrote no {record_path.name}")
-    body = {**record, "exit_code": code, "problems": problems}
+    body = {**record, "kernel_configs": configs, "exit_code": code, "problems": problems}
     return (FAILED if problems else PASSED), body, record.get("versions") or probe_versions(sys.executable)

@@ -1,0 +1,114 @@
+"""The registry's per-op call counters, the test-only perturbation switch and the tuning flag in report()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import perturb, registry
+from kernels.cases import generator
+from kernels.ops import act, norm, quant
+
+VARIABLES = ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT", "ENGINE_OPS_TUNE", perturb.ENV, "ENGINE_OPS_BACKEND_NORM_RMSNORM",
+             "ENGINE_OPS_BACKEND_QUANT_ACT_QUANT")
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch):
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    registry.reset()
+    registry.reset_calls()
+    yield
+    registry.reset()
+    registry.reset_calls()
+
+
+def _x(seed: int = 1):
+    return torch.randn(5, 64, generator=generator(seed)), torch.rand(64, generator=generator(seed + 1)) + 0.5
+
+
+def test_calls_are_counted_per_op_and_backend(monkeypatch):
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
+    x, w = _x()
+    for _ in range(3):
+        norm.rmsnorm(x, w)
+    act.swiglu(torch.randn(4, 32, generator=generator(3)))
+    calls = kernels.report()["calls"]
+    assert calls["norm.rmsnorm"] == {"torch": 3}
+    assert calls["act.swiglu"] == {"triton": 1}
+    assert calls["quant.act_quant"] == {}, "an op that never ran has no calls"
+    assert set(calls) == set(registry.ops())
+
+
+def test_switching_a_backend_keeps_counting_until_reset_calls(monkeypatch):
+    x, w = _x()
+    norm.rmsnorm(x, w)
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
+    registry.reset()
+    norm.rmsnorm(x, w)
+    assert kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1, "triton": 1}
+    registry.reset_calls()
+    assert kernels.report()["calls"]["norm.rmsnorm"] == {}
+
+
+def test_a_declined_call_counts_for_the_backend_that_ran_it(monkeypatch):
+    def declines(*args, **kwargs):
+        raise registry.UnsupportedCall("not this one")
+
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
+    registry.reset()
+    norm.rmsnorm.resolution()
+    monkeypatch.setattr(norm.rmsnorm, "_impl", declines)
+    monkeypatch.setattr(norm.rmsnorm, "_resolution", registry.Resolution("norm.rmsnorm", "triton", "triton"))
+    x, w = _x()
+    torch.testing.assert_close(norm.rmsnorm(x, w), norm.rmsnorm_reference(x, w))
+    assert kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1}
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_perturbation_scales_the_named_backend_only(monkeypatch, backend):
+    x, w = _x(7)
+    residual = torch.randn(5, 64, generator=generator(9))
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", backend)
+    clean_y, clean_res = norm.rmsnorm(x, w, 1e-6, residual)
+    monkeypatch.setenv(perturb.ENV, f"norm.rmsnorm@{backend}=1e-2")
+    registry.reset()
+    y, res = norm.rmsnorm(x, w, 1e-6, residual)
+    torch.testing.assert_close(y, clean_y * 1.01, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(res, clean_res * 1.01, rtol=1e-6, atol=1e-6)
+    other = "torch" if backend == "triton" else "triton"
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", other)
+    registry.reset()
+    y_other, _ = norm.rmsnorm(x, w, 1e-6, residual)
+    torch.testing.assert_close(y_other, clean_y, rtol=2e-5, atol=1e-6)
+    assert kernels.report()["perturbed"] == [{"op": "norm.rmsnorm", "backend": backend, "eps": 0.01}]
+
+
+def test_perturbation_leaves_integer_outputs_and_other_ops_alone(monkeypatch):
+    monkeypatch.setenv(perturb.ENV, "quant.act_quant=0.5, norm.rmsnorm@triton=1e-3")
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_QUANT_ACT_QUANT", "torch")
+    x = torch.randn(4, 256, generator=generator(11))
+    q, s = quant.act_quant(x, 128)
+    q_ref, s_ref = quant.act_quant_reference(x, 128)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), "FP8 codes are left alone"
+    torch.testing.assert_close(s, s_ref * 1.5)
+    x2 = torch.randn(4, 32, generator=generator(12))
+    torch.testing.assert_close(act.swiglu(x2), act.swiglu_reference(x2), rtol=2e-5, atol=1e-6)
+    assert [p["op"] for p in kernels.report()["perturbed"]] == ["quant.act_quant", "norm.rmsnorm"]
+
+
+@pytest.mark.parametrize("value", ["norm.rmsnorm", "rmsnorm=1e-2", "norm.rmsnorm=big", "norm.rmsnorm@triton=inf"])
+def test_a_bad_perturbation_is_named(monkeypatch, value):
+    monkeypatch.setenv(perturb.ENV, value)
+    with pytest.raises(perturb.PerturbationError, match="ENGINE_OPS_TEST_PERTURB: expected OP"):
+        kernels.report()
+
+
+@pytest.mark.parametrize("value, tune", [(None, True), ("0", False), ("off", False), ("1", True)])
+def test_report_says_whether_configurations_may_be_timed(monkeypatch, value, tune):
+    if value is not None:
+        monkeypatch.setenv("ENGINE_OPS_TUNE", value)
+    assert kernels.report()["tune"] is tune
+    assert kernels.report()["perturbed"] == []
