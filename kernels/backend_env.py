@@ -123,16 +123,7 @@ def _vendor_reason(backend: Backend) -> str | None:
     if not _extension_findable(backend.extension):
         problems.append(f"extension '{backend.extension}' is not importable (no module '{backend.extension}' on "
                         f"sys.path: build it with the build stage and put its folder on PYTHONPATH)")
-    device = _device_problem(backend)
-    if device:
-        problems.append(device)
-    if problems:
-        return "; ".join(problems)
-    try:
-        importlib.import_module(backend.extension)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the reason to report
-        return f"importing extension '{backend.extension}' failed: {type(exc).__name__}: {exc}"
-    return None
+    return _then_import(problems, backend, backend.extension, f"extension '{backend.extension}'")
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,16 +159,22 @@ def _library_reason(backend: Backend) -> str | None:
     elif not at_least(info["version"], wanted):
         problems.append(f"{name} {info['version']} is too old (the {backend.name} backend needs >= {wanted}; "
                         f"found at {info['module']})")
+    return _then_import(problems, backend, name, f"{name} {info['version']}")
+
+
+def _then_import(problems: list[str], backend: Backend, module: str, what: str) -> str | None:
+    """The reason ``backend`` cannot serve: the ``problems`` found so far and its device's, or
+    else a failed import of ``module`` (``what`` names it); None when it imports."""
     device = _device_problem(backend)
     if device:
         problems.append(device)
     if problems:
         return "; ".join(problems)
     try:
-        importlib.import_module(name)
+        importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is the reason to report
         hint = " (is z3's lib folder beside it, or on LD_LIBRARY_PATH?)" if "libz3" in str(exc) else ""
-        return f"importing {name} {info['version']} failed: {type(exc).__name__}: {exc}{hint}"
+        return f"importing {what} failed: {type(exc).__name__}: {exc}{hint}"
     return None
 
 

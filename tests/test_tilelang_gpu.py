@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_vendor_gpu import (  # noqa: F401
+    assert_matches,
+    decode_in_a_graph_follows_new_context_lengths,
+    decode_operands,
+    fresh_registry,  # fresh_registry: an autouse fixture
+    gemm_operands,
+    require,
+)
 
 import kernels
 from kernels.cases import generator
 from kernels.ops import attn, gemm, quant
 from kernels.ops.quant import act_quant_reference
-from test_vendor_gpu import assert_matches, decode_operands, fresh_registry, gemm_operands, require  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -90,27 +97,9 @@ def test_mla_decode_matches_the_reference(monkeypatch, batch, heads, block_size,
 
 
 def test_mla_decode_in_a_cuda_graph_follows_new_context_lengths(monkeypatch):
-    """The split count depends on the launch shape only: a captured decode replayed with other
-    lengths (written into the same tensor) still matches the reference."""
+    """The split count depends on the launch shape only, so a captured decode follows new lengths."""
     require("tilelang", monkeypatch, "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
-    q, cache, tables, lens = decode_operands(16, 16, 16, 2048, seed=77)
-    scale = 192 ** -0.5
-    attn.mla_decode(q, cache, tables, lens, scale, 512)  # resolve and compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        attn.mla_decode(q, cache, tables, lens, scale, 512)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = attn.mla_decode(q, cache, tables, lens, scale, 512)
-    gen = generator(78)
-    for _ in range(3):
-        lens.copy_(torch.randint(0, 2049, lens.shape, generator=gen, dtype=torch.int32))
-        q.copy_(torch.randn(q.shape, generator=gen).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_matches(attn.mla_decode, out, attn.mla_decode.reference(q, cache, tables, lens, scale, 512), "graph replay")
+    decode_in_a_graph_follows_new_context_lengths(16)
 
 
 def test_mla_decode_declines_what_it_cannot_read_and_triton_serves_it(monkeypatch):

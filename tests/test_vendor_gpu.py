@@ -95,13 +95,12 @@ def test_flash_mla_matches_the_reference(monkeypatch, batch, heads, block_size, 
     assert_matches(attn.mla_decode, out, attn.mla_decode.reference(q, cache, tables, lens, scale, 512), f"b{batch} h{heads} blk{block_size}")
 
 
-def test_flash_mla_in_a_cuda_graph_follows_new_context_lengths(monkeypatch):
-    """The schedule is computed on the device inside each call: a captured decode replayed with
-    other lengths (written into the same tensor) still matches the reference."""
-    require("flash_mla", monkeypatch, "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
-    q, cache, tables, lens = decode_operands(16, 16, 64, 2048, seed=77)
+def decode_in_a_graph_follows_new_context_lengths(block_size: int) -> None:
+    """``attn.mla_decode`` (the backend resolved) captured once in a CUDA graph and replayed with
+    other context lengths and queries written into the same tensors still matches the reference."""
+    q, cache, tables, lens = decode_operands(16, 16, block_size, 2048, seed=77)
     scale = 192 ** -0.5
-    attn.mla_decode(q, cache, tables, lens, scale, 512)  # resolve the backend outside the capture
+    attn.mla_decode(q, cache, tables, lens, scale, 512)  # resolve (and compile) outside the capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -117,6 +116,12 @@ def test_flash_mla_in_a_cuda_graph_follows_new_context_lengths(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert_matches(attn.mla_decode, out, attn.mla_decode.reference(q, cache, tables, lens, scale, 512), "graph replay")
+
+
+def test_flash_mla_in_a_cuda_graph_follows_new_context_lengths(monkeypatch):
+    """The schedule is computed on the device inside each call, so a captured decode follows new lengths."""
+    require("flash_mla", monkeypatch, "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
+    decode_in_a_graph_follows_new_context_lengths(64)
 
 
 def test_flash_mla_declines_what_it_cannot_read_and_triton_serves_it(monkeypatch):
