@@ -126,11 +126,9 @@ def _scratch_image(client) -> str:
 
 @pytest.mark.docker
 def test_clean_removes_containers_of_inactive_runs_only(tmp_path):
-    import docker
+    from bringup.docker.api import Docker, sdk_client
 
-    from bringup.docker.api import Docker
-
-    client = docker.from_env()
+    client = sdk_client()
     tag = _scratch_image(client)
     write_record(tmp_path, "c-ended", os.getpid(), ended=True)
     write_record(tmp_path, "c-active", os.getpid(), ended=False)

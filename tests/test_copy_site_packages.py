@@ -105,14 +105,12 @@ def test_a_replaced_distribution_is_complete_and_leaves_nothing_behind(tmp_path,
 @pytest.mark.docker
 def test_copy_from_another_docker_images_site_packages(tmp_path, wheels, monkeypatch):
     """The env stage of an image copies PyYAML (imported as yaml) out of the stock-cpu stand-in."""
-    import docker
-
     from bringup.config.matrix import load_matrix
-    from bringup.docker.api import Docker
+    from bringup.docker.api import Docker, sdk_client
     from bringup.docker.images import ensure_image
 
     monkeypatch.setenv("BRINGUP_CACHE", str(tmp_path / "cache"))
-    client = docker.from_env()
+    client = sdk_client()
     standin = ensure_image(Docker(client), load_matrix(REPO / "matrix.yaml").image("stock-cpu"), print)
     folder = "/usr/local/lib/python3.11/dist-packages"
     version = client.containers.run(standin, ["python3", "-c", "import yaml; print(yaml.__version__)"], remove=True).decode().strip()

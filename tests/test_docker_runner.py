@@ -28,13 +28,11 @@ MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
 
 @pytest.fixture(scope="module")
 def client():
-    import docker
-
-    from bringup.docker.api import Docker
+    from bringup.docker.api import Docker, sdk_client
     from bringup.docker.images import build_offline
     from bringup.docker.offline_base import load_offline_recipe
 
-    client = docker.from_env()
+    client = sdk_client()
     build_offline(Docker(client), load_offline_recipe("base"), print)
     return client
 

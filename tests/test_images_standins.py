@@ -25,9 +25,9 @@ VERSIONS = ("import json, importlib.metadata as md\n"
 
 @pytest.fixture(scope="module")
 def client():
-    import docker
+    from bringup.docker.api import sdk_client
 
-    return docker.from_env()
+    return sdk_client()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+# Seconds one daemon request may take. Creating or removing a container of a multi-gigabyte image
+# copies or deletes its whole root file system on storage drivers without layers (vfs), which a
+# busy two-core host takes minutes to do; the SDK's default of 60 s fails such requests.
+DAEMON_TIMEOUT_S = 900
+
+
+def sdk_client() -> Any:
+    """A docker SDK client for the daemon of the environment (DOCKER_HOST or the local socket),
+    with :data:`DAEMON_TIMEOUT_S` per request."""
+    import docker
+
+    return docker.from_env(timeout=DAEMON_TIMEOUT_S)
+
 
 class DockerError(Exception):
     """The daemon is missing, or refused a request; the message says which and why."""
@@ -64,11 +77,11 @@ class Docker:
     @classmethod
     def connect(cls) -> "Docker":
         try:
-            import docker
+            import docker  # noqa: F401 - only to tell a missing SDK from a missing daemon
         except ImportError:
             raise DockerError("the docker SDK for Python is not installed (pip install docker)") from None
         try:
-            client = docker.from_env()
+            client = sdk_client()
             client.ping()
         except Exception as exc:  # noqa: BLE001 - any failure means no usable daemon
             raise DockerError(f"no docker daemon answers ({type(exc).__name__}: {exc}); start dockerd or use a local image") from None
