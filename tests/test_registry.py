@@ -10,14 +10,7 @@ from kernels import registry
 from kernels.cases import generator
 from kernels.ops import norm, quant
 
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    for name in ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT", "ENGINE_OPS_BACKEND_NORM_RMSNORM", "ENGINE_OPS_BACKEND_QUANT_ACT_QUANT"):
-        monkeypatch.delenv(name, raising=False)
-    registry.reset()
-    yield
-    registry.reset()
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def _x():

@@ -10,19 +10,7 @@ from kernels import perturb, registry
 from kernels.cases import generator
 from kernels.ops import act, norm, quant
 
-VARIABLES = ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT", "ENGINE_OPS_TUNE", perturb.ENV, "ENGINE_OPS_BACKEND_NORM_RMSNORM",
-             "ENGINE_OPS_BACKEND_QUANT_ACT_QUANT")
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    registry.reset()
-    registry.reset_calls()
-    yield
-    registry.reset()
-    registry.reset_calls()
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def _x(seed: int = 1):
@@ -108,7 +96,9 @@ def test_a_bad_perturbation_is_named(monkeypatch, value):
 
 @pytest.mark.parametrize("value, tune", [(None, True), ("0", False), ("off", False), ("1", True)])
 def test_report_says_whether_configurations_may_be_timed(monkeypatch, value, tune):
-    if value is not None:
+    if value is None:
+        monkeypatch.delenv("ENGINE_OPS_TUNE", raising=False)
+    else:
         monkeypatch.setenv("ENGINE_OPS_TUNE", value)
     assert kernels.report()["tune"] is tune
     assert kernels.report()["perturbed"] == []

@@ -21,26 +21,16 @@ import torch
 
 import kernels
 from common.versions import at_least, release
-from kernels import backend_env, registry
+from kernels import backend_env
 from kernels.ops import attn, gemm, quant
 from kernels.tilelang import attn as tl_attn
 from kernels.tilelang import gemm as tl_gemm
 from kernels.tilelang import quant as tl_quant
 from test_vendor_backends import decode_inputs, gemm_inputs, pretend_eligible, show_device
 
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 REPO = Path(__file__).resolve().parent.parent
-VARIABLES = ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT", "ENGINE_OPS_BACKEND_QUANT_ACT_QUANT",
-             "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK", "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    registry.reset()
-    yield
-    registry.reset()
 
 
 def fake_tilelang(root: Path, version: str | None, body: str = "") -> Path:

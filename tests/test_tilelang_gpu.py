@@ -13,7 +13,6 @@ from test_vendor_gpu import (  # noqa: F401
     assert_matches,
     decode_in_a_graph_follows_new_context_lengths,
     decode_operands,
-    fresh_registry,  # fresh_registry: an autouse fixture
     gemm_operands,
     require,
 )
@@ -23,7 +22,7 @@ from kernels.cases import generator
 from kernels.ops import attn, gemm, quant
 from kernels.ops.quant import act_quant_reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_registry")]
 
 
 def spread_input(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -19,25 +19,16 @@ import pytest
 import torch
 
 import kernels
-from kernels import backend_env, registry
+from kernels import backend_env
 from kernels.cases import generator
 from kernels.ops import attn, gemm
 from kernels.ops.quant import act_quant_reference, quantize_weight
 from kernels.vendor import deep_gemm as dg_backend
 from kernels.vendor import flash_mla as fm_backend
 
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 REPO = Path(__file__).resolve().parent.parent
-VARIABLES = ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT", "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK", "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    registry.reset()
-    yield
-    registry.reset()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from kernels.compare import DIFFERS, compare
 from kernels.ops import attn, gemm
 from kernels.ops.quant import act_quant_reference, quantize_weight
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_registry")]
 
 
 def require(backend: str, monkeypatch, op_variable: str) -> None:
@@ -26,13 +26,6 @@ def require(backend: str, monkeypatch, op_variable: str) -> None:
     for name in ("ENGINE_OPS_BACKEND", "ENGINE_OPS_STRICT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(op_variable, backend)
-    registry.reset()
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry():
-    registry.reset()
-    yield
     registry.reset()
 
 
