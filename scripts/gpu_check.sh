@@ -27,7 +27,10 @@
 #                  gemm only when the bench step does not run it)
 #   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
 #                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
-#   vendor         all four (VENDOR_LIMIT seconds per step, default 420; vendor-engine 600)
+#   vendor-stage   python -m bringup ab --image VENDOR_IMAGE (default local-vendor; after
+#                  scripts/gpu_vendor_build.sh made its env and build): the pipeline's ab stage,
+#                  every eligible backend of every op, each dumped
+#   vendor         all five (VENDOR_LIMIT seconds per step, default 420; vendor-engine 600)
 # The tilelang backend (TileLang >= 0.1.15 importable; without network bring it as the bundle of
 # scripts/tilelang_bundle.py in .tilelang/, unpacked first into TILELANG_SITE, default
 # /tmp/tilelang-site; the header line "library backend tilelang" says whether it is eligible):
@@ -116,6 +119,7 @@ for family in gemm vendor; do  # gemm measures every backend: skipped here when 
   want bench && [[ ,$BENCH, == *,$family,* ]] && continue
   want vendor-bench && step "bench-$family" "$VLIMIT" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
 done
+want vendor-stage && step ab-stage "$VLIMIT" $PY -m bringup ab --image "${VENDOR_IMAGE:-local-vendor}"
 want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor \
   ${VENDOR_ENGINE_PARTS:+--parts "$VENDOR_ENGINE_PARTS"} --out "$OUT/performance.md"
 TLIMIT=${TILELANG_LIMIT:-900}

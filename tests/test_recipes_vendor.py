@@ -53,7 +53,7 @@ def test_vendor_recipes_carry_their_prerequisites():
     assert "cusparse.h" in gemm.requires.headers and {"cusparse.h", "cuda/std/utility"} <= set(mla.requires.headers)
     assert ep.requires.recipes == ["nccl-sdk"] and ep.requires.versions == {"nvidia-nvshmem-cu*": ">=3.3.9"}
     assert sdk.command[-2:] == ["--at-least", "2.30.4"] and sdk.exports["EP_NCCL_ROOT_DIR"] == "{out}"
-    assert mla.env == {"TORCH_CUDA_ARCH_LIST": "9.0a", "MAX_JOBS": "{jobs}"}
+    assert mla.env == {"TORCH_CUDA_ARCH_LIST": "9.0a", "FLASH_MLA_DISABLE_SM100": "1", "MAX_JOBS": "{jobs}"}
     assert ep.switches == [{"unless": "/sys/class/infiniband/*", "set": {"EP_DISABLE_GIN": "1"}, "note": ep.switches[0]["note"]}]
     assert {"lspci", "git"} <= set(select.requires.commands) and "triton" in select.requires.modules
     for recipe in (gemm, mla, ep, select):
