@@ -51,14 +51,15 @@ def is_fp8_target(name: str) -> bool:
     return name.endswith("_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
 
 
-def fp8_checkpoint(model, out: Path) -> Path:
+def fp8_checkpoint(model, out: Path, keep_dense: tuple[str, ...] = ()) -> Path:
     """Quantize ``model``'s projections to FP8 (128x128 block scales) in place, so that the
     transformers model now holds exactly the dequantized weights, and save the FP8 checkpoint
-    (``weight`` float8_e4m3fn + ``weight_scale_inv``, ``quantization_config`` in config.json)."""
+    (``weight`` float8_e4m3fn + ``weight_scale_inv``, ``quantization_config`` in config.json).
+    Weights whose names end with one of ``keep_dense`` stay as they are (a mixed checkpoint)."""
     save_checkpoint(model, out)
     path = out / "model.safetensors"
     tensors = load_file(str(path))
-    for name in [n for n in tensors if is_fp8_target(n)]:
+    for name in [n for n in tensors if is_fp8_target(n) and not n.endswith(keep_dense)]:
         q, s = quantize_weight(tensors[name])
         tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = q, s
     save_file(tensors, str(path), metadata={"format": "pt"})
@@ -66,7 +67,7 @@ def fp8_checkpoint(model, out: Path) -> Path:
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     (out / "config.json").write_text(json.dumps(config, indent=1))
     dequantized = {n: weight_dequant_reference(tensors[n], tensors[n.replace(".weight", ".weight_scale_inv")], torch.float32)
-                   for n in tensors if is_fp8_target(n)}
+                   for n in tensors if n.replace(".weight", ".weight_scale_inv") in tensors and n.endswith(".weight")}
     load_into(model, dequantized)
     return out
 

@@ -77,6 +77,7 @@ def check_against_oracle(model, seqs, logits, rtol: float) -> None:
 def test_greedy_tokens_and_logits_match_transformers(name, tmp_path):
     model = random_model(tiny_config(**CONFIGS[name]), seed=len(name))
     llm = LLM(save_checkpoint(model, tmp_path / name), dtype="float32", block_size=8)
+    assert all((layer.attn.qkv_a is None) == (CONFIGS[name].get("q_lora_rank", 24) is None) for layer in llm.runner.model.layers)
     seqs, logits = run_steps(llm, random_prompts(1, (5, 13, 21)), SamplingParams(max_tokens=STEPS, ignore_eos=True))
     check_against_oracle(model, seqs, logits, FP32_RTOL)
     for seq in seqs:  # logprobs are log_softmax of the raw logits at the chosen tokens
@@ -107,15 +108,19 @@ def test_decode_through_paged_cache_equals_full_sequence_prefill(tmp_path):
 FP8_RTOL = 0.10
 
 
-def test_fp8_checkpoint_matches_transformers_on_dequantized_weights(tmp_path):
+@pytest.mark.parametrize("keep_dense, fused", [((), True), (("kv_a_proj_with_mqa.weight",), False)],
+                         ids=["q-kv-down-fused", "kv-down-dense"])
+def test_fp8_checkpoint_matches_transformers_on_dequantized_weights(tmp_path, keep_dense, fused):
+    """q_a and kv_a run as one FP8 GEMM; in a checkpoint that keeps kv_a dense, as two GEMMs."""
     config = tiny_config(hidden_size=128, intermediate_size=128, moe_intermediate_size=128, num_attention_heads=2,
                          num_key_value_heads=2, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=64,
                          kv_lora_rank=128, q_lora_rank=128, n_routed_experts=4, n_group=2, topk_group=1)
     model = random_model(config, seed=3)
-    ckpt = fp8_checkpoint(model, tmp_path / "fp8")
+    ckpt = fp8_checkpoint(model, tmp_path / "fp8", keep_dense)
     assert json.loads((ckpt / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
     llm = LLM(ckpt, dtype="float32", block_size=8)
     assert llm.runner.model.layers[1].mlp.w13.dtype == torch.float8_e4m3fn
+    assert all((layer.attn.qkv_a is not None) == fused for layer in llm.runner.model.layers)
     seqs, logits = run_steps(llm, random_prompts(4, (7, 12)), SamplingParams(max_tokens=STEPS, ignore_eos=True))
     for seq in seqs:
         prompt, tokens = seq.token_ids[: seq.num_prompt_tokens], seq.completion_token_ids

@@ -114,6 +114,26 @@ def test_rope_accepts_a_strided_slice_and_two_dim_input():
         torch.testing.assert_close(apply(flat, positions, cache, interleaved), apply_reference(flat, positions, cache, interleaved))
 
 
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_rmsnorm_reads_a_column_slice_in_place(with_residual):
+    """The slice of a fused projection's output (rows 2112 apart here) normalizes bit for bit as
+    its copy does, and as the reference within bf16 rounding."""
+    from kernels.ops.norm import rmsnorm_reference
+    from kernels.triton.norm import rmsnorm
+
+    gen = generator(4)
+    fused = torch.randn(5, 2112, generator=gen).bfloat16().to(DEVICE)
+    weight = (torch.rand(512, generator=gen) + 0.5).bfloat16().to(DEVICE)
+    residual = torch.randn(5, 512, generator=gen).bfloat16().to(DEVICE) if with_residual else None
+    part = fused[:, 1536:2048]
+    assert not part.is_contiguous()
+    ours, copied = rmsnorm(part, weight, 1e-6, residual), rmsnorm(part.contiguous(), weight, 1e-6, residual)
+    ref = rmsnorm_reference(part, weight, 1e-6, residual)
+    for a, b, r in zip(*((t if with_residual else [t]) for t in (ours, copied, ref))):
+        assert a.is_contiguous() and torch.equal(a, b)
+        torch.testing.assert_close(a, r, rtol=1.6e-2, atol=1e-2)
+
+
 def test_act_quant_on_three_dim_input_is_bitwise_equal():
     from kernels.ops.quant import act_quant_reference
     from kernels.triton.quant import act_quant

@@ -7,7 +7,9 @@ from the cache (cached prefix included), decompresses per-head keys and values w
 ``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent cache: fixed
 shapes, no host synchronization. ``kv_b_proj`` is held dense (dequantized once when FP8, as
 DeepSeek-V3's own inference does for the absorbed path), so prefill and decode use the very
-same weights.
+same weights. The two down-projections of the hidden state, ``q_a_proj`` and
+``kv_a_proj_with_mqa``, run as one GEMM (their weights side by side) wherever they fuse (same
+kind; FP8 with ``q_lora_rank`` a multiple of 128, as in DeepSeek-V3), else as two.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from kernels.ops import attn, kv
 
 from ..config import ModelConfig
 from ..loader import LoadContext
-from .linear import load_linear
+from .linear import Linear, concat_rows, load_linear, why_rows_do_not_fuse
 from .norm import RMSNorm
 from .rotary import Rotary
 
@@ -55,13 +57,19 @@ class MLAttention:
         def norm(name: str, eps: float):
             return RMSNorm(load.tensor(f"{name}.weight"), eps)
 
-        self.q_lora = bool(c.q_lora_rank)
+        self.q_lora, self.q_lora_rank = bool(c.q_lora_rank), c.q_lora_rank
+        # The down-projections: q_a and kv_a, or both as one (qkv_a, output [q_lora_rank + rank + rope]).
+        self.q_a: Linear | None = None
+        self.kv_a: Linear | None = load_linear(load, "kv_a_proj_with_mqa")
+        self.qkv_a: Linear | None = None
         if self.q_lora:
             self.q_a, self.q_a_norm = load_linear(load, "q_a_proj"), norm("q_a_layernorm", 1e-6)
             self.q_b = load_linear(load, "q_b_proj")
+            if why_rows_do_not_fuse([self.q_a, self.kv_a]) is None:
+                self.qkv_a = concat_rows([self.q_a, self.kv_a], load.prefix)
+                self.q_a = self.kv_a = None
         else:
             self.q_proj = load_linear(load, "q_proj")
-        self.kv_a = load_linear(load, "kv_a_proj_with_mqa")
         self.kv_a_norm = norm("kv_a_layernorm", 1e-6)
         self.kv_b = load_linear(load, "kv_b_proj").dense_weight(load.dtype)  # [H * (nope + v), rank]
         per_head = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
@@ -72,13 +80,22 @@ class MLAttention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_lora else self.q_proj(x)
+        q_low, kv_low = self._down(x)
+        q = self.q_b(self.q_a_norm(q_low)) if self.q_lora else self.q_proj(x)
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope_dim], dim=-1)
         q_rope = self.rotary(q_rope, positions)
-        latent, k_rope = self.kv_a(x).split([self.rank, self.rope_dim], dim=-1)
-        kv.store(self.kv_a_norm(latent.contiguous()), self.rotary(k_rope.contiguous(), positions), self.kv_cache, meta.slots)
+        latent, k_rope = kv_low.split([self.rank, self.rope_dim], dim=-1)
+        kv.store(self.kv_a_norm(latent), self.rotary(k_rope, positions), self.kv_cache, meta.slots)
         o = self._prefill(q_nope, q_rope, meta) if meta.is_prefill else self._decode(q_nope, q_rope, meta)
         return self.o_proj(o.reshape(t, self.heads * self.v_dim))
+
+    def _down(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(q_a(x), kv_a(x))`` (None for the first without ``q_lora``): column slices of one
+        GEMM's output when the two are fused."""
+        if self.qkv_a is not None:
+            q_low, kv_low = self.qkv_a(x).split([self.q_lora_rank, self.rank + self.rope_dim], dim=-1)
+            return q_low, kv_low
+        return (self.q_a(x) if self.q_lora else None), self.kv_a(x)
 
     def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         context = self.kv_cache.view(-1, self.kv_cache.shape[-1])[meta.context_slots]

@@ -66,13 +66,22 @@ def load_linear(load: LoadContext, name: str) -> Linear:
     return Linear(w.to(load.device), scale.to(load.device), load.scale_fmt)
 
 
+def why_rows_do_not_fuse(parts: list[Linear]) -> str | None:
+    """Why :func:`concat_rows` cannot fuse ``parts``, or None when it can."""
+    if any(p.fp8 != parts[0].fp8 or p.scale_fmt != parts[0].scale_fmt for p in parts):
+        return "cannot fuse FP8 and non-FP8 projections (or FP8 ones of different scale formats)"
+    if parts[0].fp8 and any(p.weight.shape[0] % BLOCK for p in parts[:-1]):
+        return f"FP8 projections fuse only when their output sizes are multiples of {BLOCK} (all but the last)"
+    return None
+
+
 def concat_rows(parts: list[Linear], what: str) -> Linear:
-    """One Linear whose output is the parts' outputs side by side (e.g. gate and up projections)."""
-    if any(p.fp8 != parts[0].fp8 for p in parts):
-        raise LoadError(f"{what}: cannot fuse FP8 and non-FP8 projections")
+    """One Linear whose output is the parts' outputs side by side (e.g. gate and up projections);
+    LoadError when they do not fuse (:func:`why_rows_do_not_fuse`)."""
+    why_not = why_rows_do_not_fuse(parts)
+    if why_not:
+        raise LoadError(f"{what}: {why_not}")
     weight = torch.cat([p.weight for p in parts])
     if not parts[0].fp8:
         return Linear(weight)
-    if any(p.weight.shape[0] % BLOCK for p in parts[:-1]):
-        raise LoadError(f"{what}: FP8 projections fuse only when their output sizes are multiples of {BLOCK}")
     return Linear(weight, torch.cat([p.scale for p in parts]), parts[0].scale_fmt)

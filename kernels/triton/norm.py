@@ -1,4 +1,6 @@
-"""Triton RMSNorm (optionally with the residual add fused): one program per row."""
+"""Triton RMSNorm (optionally with the residual add fused): one program per row. The input's
+rows may lie apart (a column slice of a wider tensor, as a split of a fused projection gives):
+they are read in place; the residual and the outputs are contiguous."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, eps,
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, x_row_stride, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         h = (x + r).to(res_out_ptr.dtype.element_ty)
@@ -27,13 +29,15 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, eps,
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
     """Same contract as :func:`kernels.ops.norm.rmsnorm_reference`."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n).contiguous()
-    y = torch.empty_like(x2)
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     res_in = residual.reshape(-1, n).contiguous() if residual is not None else x2
-    res_out = torch.empty_like(x2) if residual is not None else y
+    res_out = torch.empty_like(y) if residual is not None else y
     if x2.shape[0]:
         _rmsnorm_kernel[(x2.shape[0],)](
-            x2, res_in, weight.contiguous(), y, res_out, n, eps,
+            x2, res_in, weight.contiguous(), y, res_out, n, x2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 4096 else 4,
         )
     if residual is not None:
