@@ -46,7 +46,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
 STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,vendor,tilelang,profile,ncu},
-BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep}
+BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep,host_overhead}
 declare -a ROWS
 
 . scripts/site_wheels.sh

@@ -4,6 +4,7 @@ and the byte and FLOP accounting behind the engine's memory floor."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def test_bench_without_a_gpu_says_so_and_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("family", ["gemm", "vendor", "engine_vendor", "backends"])
+@pytest.mark.parametrize("family", ["gemm", "vendor", "engine_vendor", "backends", "host_overhead"])
 def test_each_vendor_family_without_a_gpu_says_so_and_writes_nothing(family, tmp_path, capsys):
     import importlib
 
@@ -35,6 +36,32 @@ def test_engine_vendor_refuses_unknown_parts(capsys):
     with pytest.raises(SystemExit) as info:
         engine_vendor.main(["--parts", "decode,warmup"])
     assert info.value.code == 2 and "--parts: expected decode and/or prefill, got decode,warmup" in capsys.readouterr().err
+
+
+def test_host_overhead_refuses_a_loop_of_no_calls(capsys):
+    from benchmarks import host_overhead
+
+    with pytest.raises(SystemExit) as info:
+        host_overhead.main(["--calls", "0"])
+    assert info.value.code == 2 and "--calls: expected a positive number, got 0" in capsys.readouterr().err
+
+
+def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeypatch):
+    """The row logic on CPU tensors (Triton under the interpreter); the GPU's own timing and
+    synchronization are replaced, since no device is here."""
+    from benchmarks import host_overhead
+    from kernels import registry
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: (fn(), 0.0)[1])
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
+    x, w = torch.randn(1, 256), torch.rand(256) + 0.5
+    registry.reset_calls()
+    row = host_overhead.backend_row("norm.rmsnorm", "1x256 fp32", lambda: ((x, w), {}), "triton", calls=3)
+    assert row.time.endswith(" us/call") and row.throughput.startswith("direct ") and row.of_ceiling == "GPU 0.0 us/call"
+    assert row.notes in ("goal <= 15 us: met", "goal <= 15 us: missed") and row.vs_peer.startswith("dispatch ")
+    assert registry.report()["calls"]["norm.rmsnorm"] == {"triton": 1 + 3 * host_overhead.LOOPS}
+    assert os.environ["ENGINE_OPS_BACKEND_NORM_RMSNORM"] == "torch"  # the caller's choice is back
 
 
 def test_unknown_family_is_refused(capsys):

@@ -1,0 +1,124 @@
+"""The host's cost of one eager op call (registry dispatch, argument checks, launch) for the ops
+an eager step calls most: ``gemm.fp8_block``, ``quant.act_quant``, ``norm.rmsnorm`` and
+``attn.mla_decode``, at a decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
+``python -m benchmarks.host_overhead [--calls N] [--out FILE] [--no-write]``.
+
+Method: the op is called ``--calls`` times back to back with no synchronization, then once
+synchronized; the wall time over the calls is the host's cost per call, provided the GPU runs
+each call faster than the host issues it (the GPU time per call, from CUDA-graph replays, is in
+the row: where it is the larger, the loop measured the GPU and the row says so). The median of
+five such loops. Each backend of the op that can run here is timed twice: through the registry
+(``op(...)``, what the engine pays) and as the backend's function called directly; the
+difference is the registry's dispatch. Kernel configurations are the untimed defaults
+(``ENGINE_OPS_TUNE=0``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from . import harness
+from .harness import Row
+
+BACKENDS = ("triton", "tilelang", "deep_gemm", "flash_mla")
+GOAL_US = 15.0
+LOOPS = 5
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Median over :data:`LOOPS` loops of the wall microseconds per call of ``calls`` unsynchronized
+    calls of ``fn`` (after a synchronized warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(LOOPS):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def cases() -> list[tuple[str, str, Callable[[], tuple[tuple, dict]]]]:
+    """``(op, shape, make_inputs)`` at one decode token's shapes (DeepSeek-V3 sizes)."""
+    from .gemm import operands
+    from .ops import decode_inputs
+
+    bf16 = torch.bfloat16
+
+    def rmsnorm():
+        return (torch.randn(1, 7168, device="cuda", dtype=bf16), torch.rand(7168, device="cuda", dtype=bf16) + 0.5), {}
+
+    return [
+        ("gemm.fp8_block", "1x2112x7168 bf16 (q/kv down-projection)", lambda: (operands(1, 2112, 7168), {})),
+        ("quant.act_quant", "1x7168 bf16", lambda: ((torch.randn(1, 7168, device="cuda", dtype=bf16),), {})),
+        ("norm.rmsnorm", "1x7168 bf16", rmsnorm),
+        ("attn.mla_decode", "b1 h16 ctx1024 page64 bf16", lambda: decode_inputs(1, 16, 1024, page=64)),
+    ]
+
+
+def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]], backend: str, calls: int) -> Row:
+    """One backend of one op: host cost through the registry and directly, and the GPU's time."""
+    from kernels import registry
+    from kernels.registry import UnsupportedCall
+
+    op = registry.get(op_name)
+    args, kwargs = make()
+    variable = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
+    previous = os.environ.get(variable)
+    os.environ[variable] = backend
+    registry.reset()
+    label = f"host overhead {op_name} {backend}"
+    try:
+        direct = op.load(backend)
+        direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls)
+        registry_us = host_us_per_call(lambda: op(*args, **kwargs), calls)
+        resolved = op.resolution().backend
+        gpu_us = harness.median_ms(lambda: direct(*args, **kwargs), graph=True) * 1e3
+    except UnsupportedCall as exc:
+        return Row(label, shape, "-", "-", "-", "-", f"declines this call: {exc}")
+    finally:
+        if previous is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = previous
+        registry.reset()
+    if resolved != backend:
+        return Row(label, shape, "-", "-", "-", "-", f"the registry resolved '{resolved}', not '{backend}' (see above)")
+    verdict = f"goal <= {GOAL_US:.0f} us: {'met' if registry_us <= GOAL_US else 'missed'}"
+    if gpu_us >= registry_us:
+        verdict = f"GPU-bound here (GPU {gpu_us:.1f} us >= host): the host cost is below this"
+    return Row(label, shape, f"{registry_us:.1f} us/call", f"direct {direct_us:.1f} us/call", f"GPU {gpu_us:.1f} us/call",
+               f"dispatch {registry_us - direct_us:+.1f} us", verdict)
+
+
+def measure(args) -> list[Row]:
+    os.environ["ENGINE_OPS_TUNE"] = "0"
+    backends = harness.usable_backends(BACKENDS, "host_overhead")
+    from kernels import registry
+
+    rows = []
+    for op_name, shape, make in cases():
+        for backend in [b for b in backends if b in registry.get(op_name).backends]:
+            rows.append(backend_row(op_name, shape, make, backend, args.calls))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=2000, help="calls per timed loop (default 2000)")
+    args = p.parse_args(argv)
+    if args.calls < 1:
+        p.error(f"--calls: expected a positive number, got {args.calls}")
+    return harness.run("Host cost of an eager op call", measure, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
