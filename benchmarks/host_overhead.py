@@ -1,7 +1,7 @@
 """The host's cost of one eager op call (registry dispatch, argument checks, launch) for the ops
 an eager step calls most: ``gemm.fp8_block``, ``quant.act_quant``, ``norm.rmsnorm`` and
 ``attn.mla_decode``, at a decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
-``python -m benchmarks.host_overhead [--calls N] [--out FILE] [--no-write]``.
+``python -m benchmarks.host_overhead [--calls N] [--wrappers] [--out FILE] [--no-write]``.
 
 Method: the op is called ``--calls`` times back to back with no synchronization, then once
 synchronized; the wall time over the calls is the host's cost per call, provided the GPU runs
@@ -11,15 +11,22 @@ five such loops. Each backend of the op that can run here is timed twice: throug
 (``op(...)``, what the engine pays) and as the backend's function called directly; the
 difference is the registry's dispatch. Kernel configurations are the untimed defaults
 (``ENGINE_OPS_TUNE=0``).
+
+``--wrappers`` (no GPU needed; prints, writes nothing): the Triton backend's own Python, the
+part of the cost this project writes, timed the same way on CPU tensors with every kernel
+launch of the four ops replaced by a call that does nothing; what Triton's launcher adds on a
+GPU is the difference to the rows above.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -29,39 +36,65 @@ from .harness import Row
 BACKENDS = ("triton", "tilelang", "deep_gemm", "flash_mla")
 GOAL_US = 15.0
 LOOPS = 5
+TRITON_MODULES = ("kernels.triton.gemm", "kernels.triton.quant", "kernels.triton.norm", "kernels.triton.attn")
 
 
-def host_us_per_call(fn: Callable[[], object], calls: int) -> float:
+def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], None] | None = None) -> float:
     """Median over :data:`LOOPS` loops of the wall microseconds per call of ``calls`` unsynchronized
-    calls of ``fn`` (after a synchronized warm-up)."""
+    calls of ``fn`` (after a warm-up), each loop then waiting with ``sync`` (default: the GPU's)."""
+    sync = sync or torch.cuda.synchronize
     fn()
-    torch.cuda.synchronize()
+    sync()
     per_call = []
     for _ in range(LOOPS):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         per_call.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
+        sync()
     return statistics.median(per_call)
 
 
-def cases() -> list[tuple[str, str, Callable[[], tuple[tuple, dict]]]]:
-    """``(op, shape, make_inputs)`` at one decode token's shapes (DeepSeek-V3 sizes)."""
-    from .gemm import operands
+def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple, dict]]]]:
+    """``(op, shape, make_inputs)`` at one decode token's shapes (DeepSeek-V3 sizes) on ``device``."""
+    from kernels.ops.quant import act_quant_reference, quantize_weight
+
     from .ops import decode_inputs
 
     bf16 = torch.bfloat16
 
+    def gemm():
+        a, sa = act_quant_reference(torch.randn(1, 7168, device=device, dtype=bf16))
+        return (a, sa, *quantize_weight(torch.randn(2112, 7168, device=device) / 85)), {}
+
     def rmsnorm():
-        return (torch.randn(1, 7168, device="cuda", dtype=bf16), torch.rand(7168, device="cuda", dtype=bf16) + 0.5), {}
+        return (torch.randn(1, 7168, device=device, dtype=bf16), torch.rand(7168, device=device, dtype=bf16) + 0.5), {}
 
     return [
-        ("gemm.fp8_block", "1x2112x7168 bf16 (q/kv down-projection)", lambda: (operands(1, 2112, 7168), {})),
-        ("quant.act_quant", "1x7168 bf16", lambda: ((torch.randn(1, 7168, device="cuda", dtype=bf16),), {})),
+        ("gemm.fp8_block", "1x2112x7168 bf16 (q/kv down-projection)", gemm),
+        ("quant.act_quant", "1x7168 bf16", lambda: ((torch.randn(1, 7168, device=device, dtype=bf16),), {})),
         ("norm.rmsnorm", "1x7168 bf16", rmsnorm),
-        ("attn.mla_decode", "b1 h16 ctx1024 page64 bf16", lambda: decode_inputs(1, 16, 1024, page=64)),
+        ("attn.mla_decode", "b1 h16 ctx1024 page64 bf16", lambda: decode_inputs(1, 16, 1024, page=64, dev=device)),
     ]
+
+
+@contextlib.contextmanager
+def backend_requested(op_name: str, backend: str) -> Iterator[None]:
+    """The registry resolves ``op_name`` to ``backend`` inside the block; the caller's choice after."""
+    from kernels import registry
+
+    variable = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
+    previous = os.environ.get(variable)
+    os.environ[variable] = backend
+    registry.reset()
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = previous
+        registry.reset()
 
 
 def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]], backend: str, calls: int) -> Row:
@@ -71,25 +104,16 @@ def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]]
 
     op = registry.get(op_name)
     args, kwargs = make()
-    variable = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    previous = os.environ.get(variable)
-    os.environ[variable] = backend
-    registry.reset()
     label = f"host overhead {op_name} {backend}"
-    try:
-        direct = op.load(backend)
-        direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls)
-        registry_us = host_us_per_call(lambda: op(*args, **kwargs), calls)
-        resolved = op.resolution().backend
-        gpu_us = harness.median_ms(lambda: direct(*args, **kwargs), graph=True) * 1e3
-    except UnsupportedCall as exc:
-        return Row(label, shape, "-", "-", "-", "-", f"declines this call: {exc}")
-    finally:
-        if previous is None:
-            del os.environ[variable]
-        else:
-            os.environ[variable] = previous
-        registry.reset()
+    with backend_requested(op_name, backend):
+        try:
+            direct = op.load(backend)
+            direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls)
+            registry_us = host_us_per_call(lambda: op(*args, **kwargs), calls)
+            resolved = op.resolution().backend
+            gpu_us = harness.median_ms(lambda: direct(*args, **kwargs), graph=True) * 1e3
+        except UnsupportedCall as exc:
+            return Row(label, shape, "-", "-", "-", "-", f"declines this call: {exc}")
     if resolved != backend:
         return Row(label, shape, "-", "-", "-", "-", f"the registry resolved '{resolved}', not '{backend}' (see above)")
     verdict = f"goal <= {GOAL_US:.0f} us: {'met' if registry_us <= GOAL_US else 'missed'}"
@@ -97,6 +121,52 @@ def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]]
         verdict = f"GPU-bound here (GPU {gpu_us:.1f} us >= host): the host cost is below this"
     return Row(label, shape, f"{registry_us:.1f} us/call", f"direct {direct_us:.1f} us/call", f"GPU {gpu_us:.1f} us/call",
                f"dispatch {registry_us - direct_us:+.1f} us", verdict)
+
+
+class _NoLaunch:
+    """Stands for a ``@triton.jit`` kernel: ``kernel[grid](...)`` does nothing."""
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def launches_removed() -> Iterator[None]:
+    """Every Triton kernel of :data:`TRITON_MODULES` replaced by :class:`_NoLaunch`
+    inside the block (restored after)."""
+    import triton
+
+    saved = []
+    for name in TRITON_MODULES:
+        module = importlib.import_module(name)
+        for attr, value in vars(module).copy().items():
+            if isinstance(value, triton.runtime.jit.KernelInterface):  # compiled or interpreted
+                saved.append((module, attr, value))
+                setattr(module, attr, _NoLaunch())
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
+def wrapper_rows(calls: int) -> list[Row]:
+    """The Triton backend's Python per call, launches removed, on CPU tensors (see the module doc)."""
+    from kernels import registry
+
+    rows = []
+    with launches_removed():
+        for op_name, shape, make in cases("cpu"):
+            op = registry.get(op_name)
+            args, kwargs = make()
+            with backend_requested(op_name, "triton"):
+                direct = op.load("triton")
+                direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls, sync=lambda: None)
+                registry_us = host_us_per_call(lambda: op(*args, **kwargs), calls, sync=lambda: None)
+            rows.append(Row(f"host overhead {op_name} triton, launch removed", shape, f"{registry_us:.1f} us/call",
+                            f"direct {direct_us:.1f} us/call", "-", f"dispatch {registry_us - direct_us:+.1f} us",
+                            "CPU tensors; Triton's launcher not included"))
+    return rows
 
 
 def measure(args) -> list[Row]:
@@ -114,9 +184,16 @@ def measure(args) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=2000, help="calls per timed loop (default 2000)")
+    p.add_argument("--wrappers", action="store_true", help="time the Triton wrappers with launches removed (no GPU needed)")
     args = p.parse_args(argv)
     if args.calls < 1:
         p.error(f"--calls: expected a positive number, got {args.calls}")
+    if args.wrappers:
+        os.environ["ENGINE_OPS_TUNE"] = "0"
+        if harness.no_gpu_reason():  # the Triton backend is eligible without a GPU under the interpreter only
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        harness.print_rows(wrapper_rows(args.calls), "The Triton wrappers' own host cost (launches removed)")
+        return 0
     return harness.run("Host cost of an eager op call", measure, args)
 
 

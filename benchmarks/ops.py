@@ -24,10 +24,10 @@ TOKENS = 16384
 HIDDEN = 7168
 
 
-def decode_inputs(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16) -> tuple[tuple, dict]:
-    """``attn.mla_decode`` arguments on the GPU: DeepSeek-V3's latent (512 + 64) and scale, every
+def decode_inputs(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16, dev: str = "cuda") -> tuple[tuple, dict]:
+    """``attn.mla_decode`` arguments (on the GPU unless ``dev``): DeepSeek-V3's latent (512 + 64) and scale, every
     sequence at ``context`` tokens in a randomly placed paged cache of ``page``-slot blocks."""
-    dev, bf16 = "cuda", torch.bfloat16
+    bf16 = torch.bfloat16
     width = context // page
     cache = torch.randn(batch * width, page, 576, device=dev).to(FP8 if fp8 else bf16)
     tables = torch.randperm(batch * width, device=dev, dtype=torch.int32).view(batch, width)

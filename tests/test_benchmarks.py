@@ -64,6 +64,17 @@ def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeyp
     assert os.environ["ENGINE_OPS_BACKEND_NORM_RMSNORM"] == "torch"  # the caller's choice is back
 
 
+def test_host_overhead_wrappers_time_every_op_and_restore_the_kernels(capsys):
+    from benchmarks import host_overhead
+    from kernels.triton import gemm, norm
+
+    kernels_before = (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel)
+    rows = host_overhead.wrapper_rows(calls=3)
+    assert [r.benchmark.split()[2] for r in rows] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode"]
+    assert all(r.time.endswith(" us/call") and float(r.time.split()[0]) > 0 for r in rows)
+    assert (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel) == kernels_before
+
+
 def test_unknown_family_is_refused(capsys):
     assert suite.main(["--only", "ops,warp_drive"]) == 2
     assert "warp_drive" in capsys.readouterr().err

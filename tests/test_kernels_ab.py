@@ -114,6 +114,17 @@ def test_rope_accepts_a_strided_slice_and_two_dim_input():
         torch.testing.assert_close(apply(flat, positions, cache, interleaved), apply_reference(flat, positions, cache, interleaved))
 
 
+def test_host_launch_arithmetic_equals_tritons():
+    """The wrappers size launches with plain-Python cdiv / next_power_of_2 (Triton's own are
+    constexpr functions, microseconds per host call): the same numbers."""
+    from kernels.triton.common import cdiv, next_power_of_2
+
+    for n in [*range(0, 4200), 7168, 16384, 2**20 - 1, 2**20, 2**31 + 5]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 16, 64, 128, 1024):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
 def test_rmsnorm_reads_a_column_slice_in_place(with_residual):
     """The slice of a fused projection's output (rows 2112 apart here) normalizes bit for bit as

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import BLOCK, FP8
-from .common import compiled_for_gpu, round_to_dtype, rows_per_program, silu_f32
+from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, rows_per_program, silu_f32
 from .quant import quantize_groups
 
 
@@ -63,9 +63,9 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
     n_rows = y.numel() // inter if inter else 0
     if n_rows:
-        block_c = min(triton.next_power_of_2(inter), 1024)
-        rows = rows_per_program(n_rows * triton.cdiv(inter, block_c), block_c)
-        grid = (triton.cdiv(n_rows, rows), triton.cdiv(inter, block_c))
+        block_c = min(next_power_of_2(inter), 1024)
+        rows = rows_per_program(n_rows * cdiv(inter, block_c), block_c)
+        grid = (cdiv(n_rows, rows), cdiv(inter, block_c))
         _swiglu_kernel[grid](x, y, n_rows, inter, ROWS=rows, BLOCK_C=block_c, USE_LIBDEVICE=compiled_for_gpu(), num_warps=4)
     return y
 
@@ -81,9 +81,9 @@ def swiglu_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None
     s = torch.empty(*x.shape[:-1], inter // group_size, dtype=torch.float32, device=x.device)
     n_groups = s.numel()
     if n_groups:
-        block = triton.next_power_of_2(group_size)
+        block = next_power_of_2(group_size)
         groups = rows_per_program(n_groups, block)
-        _swiglu_quant_kernel[(triton.cdiv(n_groups, groups),)](
+        _swiglu_quant_kernel[(cdiv(n_groups, groups),)](
             x, q.view(torch.uint8), s, n_groups, inter, GROUP=group_size,
             GROUP_BLOCK=block, GROUPS=groups, UE8M0=scale_fmt == "ue8m0", USE_LIBDEVICE=compiled_for_gpu(), num_warps=4,
         )

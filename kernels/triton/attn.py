@@ -27,7 +27,6 @@ multiplies bf16 tensors as their raw integer bits); :func:`probs_to` rounds to n
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -35,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import FP8
-from .common import compiled_for_gpu, round_to_dtype
+from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
 
 _LOG2E = math.log2(math.e)
 # tl.dot needs every dimension >= 16 on the GPU.
@@ -47,7 +46,7 @@ _MAX_SPLITS = 64
 
 
 def _pow2_tile(n: int) -> int:
-    return max(_MIN_DOT, triton.next_power_of_2(n))
+    return max(_MIN_DOT, next_power_of_2(n))
 
 
 def _split_head_dim(d: int) -> tuple[int, int]:
@@ -192,7 +191,7 @@ def mla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                          "must be the last of its keys")
     d_main, d_tail = _split_head_dim(dqk)
     block_m, block_n, warps, stages = _prefill_config(q.dtype)
-    grid = (triton.cdiv(max_q, block_m), batch, heads)
+    grid = (cdiv(max_q, block_m), batch, heads)
     _prefill_kernel[grid](
         q, k, v, out, cu_seqlens_q, cu_seqlens_k, softmax_scale * _LOG2E, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1), DQK=dqk, DV=dv, D_MAIN=d_main,
@@ -329,25 +328,18 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, o_ptr, n_heads, stride_ob, stride_oh
     tl.store(o_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + r, round_to_dtype(out, o_ty).to(o_ty), mask=r < RANK)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
 def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int) -> int:
     """The fixed split count for a launch shape: as many as keep all programs within two per SM
     (one wave: a second, partial wave would double the time for a few programs), but no split
     shorter than ``_MIN_SPLIT_TOKENS`` of the block table's width ``table_tokens``."""
-    programs = max(1, batch * triton.cdiv(heads, _DECODE_HEADS))
-    return max(1, min(_MAX_SPLITS, 2 * num_sms // programs, triton.cdiv(table_tokens, _MIN_SPLIT_TOKENS)))
+    programs = max(1, batch * cdiv(heads, _DECODE_HEADS))
+    return max(1, min(_MAX_SPLITS, 2 * num_sms // programs, cdiv(table_tokens, _MIN_SPLIT_TOKENS)))
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`kernels.ops.attn.mla_decode_reference`, split count by :func:`decode_splits`."""
-    splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], _num_sms(q.device))
+    splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device))
     return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits)
 
 
@@ -368,7 +360,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
     block_n, warps, stages = _decode_config(q.dtype)
-    grid = (triton.cdiv(heads, _DECODE_HEADS), splits, batch)
+    grid = (cdiv(heads, _DECODE_HEADS), splits, batch)
     _decode_kernel[grid](
         q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
         softmax_scale * _LOG2E, q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
@@ -378,7 +370,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     )
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
-                                      BLOCK_R=block_r, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+                                      BLOCK_R=block_r, SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
     return out
 
 

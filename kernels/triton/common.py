@@ -7,6 +7,9 @@ libdevice's ``expf`` (what PyTorch's CUDA kernels call) and divide with IEEE ``d
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -22,12 +25,33 @@ def compiled_for_gpu() -> bool:
     return not interpret_mode()
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host code. (``triton.cdiv`` and ``triton.next_power_of_2`` are
+    constexpr functions in Triton 3.6: a few microseconds per call from the host, several per
+    launch, which an eager op call pays every time.)"""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` for host code (0 for 0, as ``triton.next_power_of_2``)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (an H200's 132 where there is no GPU: the
+    interpreter sizes launches as a Hopper would)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
 def rows_per_program(n_rows: int, row_elems: int, target_elems: int = 4096) -> int:
     """Power-of-two rows per program: about ``target_elems`` elements each, but fewer rows
     when that would leave fewer than :data:`MIN_PROGRAMS` programs."""
     rows = max(1, min(256, target_elems // max(row_elems, 1)))
     rows = 1 << (rows.bit_length() - 1)
-    while rows > 1 and triton.cdiv(n_rows, rows) < MIN_PROGRAMS:
+    while rows > 1 and cdiv(n_rows, rows) < MIN_PROGRAMS:
         rows //= 2
     return rows
 

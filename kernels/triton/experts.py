@@ -36,7 +36,7 @@ import triton.language as tl
 from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .attn import dot_f32
-from .common import compiled_for_gpu, round_to_dtype, silu_f32
+from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, silu_f32
 from .quant import act_quant, quantize_groups
 
 
@@ -231,7 +231,7 @@ def _sum_topk_kernel(pair_out_ptr, ids_ptr, y_ptr, n_experts, D: tl.constexpr, T
 
 def max_blocks(pairs: int, experts: int, block_m: int) -> int:
     """Row blocks that ``pairs`` routed pairs can need at most, however they are routed."""
-    return min(pairs, triton.cdiv(pairs, block_m) + min(experts, pairs))
+    return min(pairs, cdiv(pairs, block_m) + min(experts, pairs))
 
 
 def _block_k(k: int, fp8: bool, dtype: torch.dtype) -> int:
@@ -261,12 +261,12 @@ def launch(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt, c
     sorted_pairs = torch.empty(n_blocks * bm, dtype=torch.int32, device=dev)
     starts = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     counts = torch.empty(experts, dtype=torch.int32, device=dev)
-    bins = triton.next_power_of_2(experts + 1)
-    chunk = min(1024, triton.next_power_of_2(pairs)) if compiled else 64
+    bins = next_power_of_2(experts + 1)
+    chunk = min(1024, next_power_of_2(pairs)) if compiled else 64
     _align_kernel[(experts,)](ids, sorted_pairs, starts, counts, pairs, experts, BLOCK_M=bm, BINS=bins, CHUNK=chunk,
                               COMPILED=compiled, num_warps=4)
 
-    block_e = triton.next_power_of_2(experts)
+    block_e = next_power_of_2(experts)
     if fp8:
         xq, xs = act_quant(x, BLOCK, scale_fmt)
         act = torch.empty(n_blocks * bm, inter, dtype=FP8, device=dev)
@@ -279,7 +279,7 @@ def launch(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt, c
         scale_args = (w13, 0, 0)
     bn_up = config.block_n_up
     # The gate/up epilogue stores FP8 codes as computed bits (uint8); the down GEMM reads them as FP8.
-    _gate_up_kernel[(n_blocks, triton.cdiv(inter, bn_up))](
+    _gate_up_kernel[(n_blocks, cdiv(inter, bn_up))](
         x, xq, xs, w13, scale_args[0], sorted_pairs, starts, counts,
         act.view(torch.uint8) if fp8 else act, act_s, experts, w13.stride(0), scale_args[1], scale_args[2], D=dim,
         INTER=inter, TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn_up, BLOCK_K=_block_k(dim, fp8, x.dtype), BLOCK_E=block_e,
@@ -289,14 +289,14 @@ def launch(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt, c
     pair_out = torch.empty(pairs, dim, dtype=torch.float32, device=dev)
     down_scale = (w2_scale, w2_scale.stride(0), w2_scale.stride(1)) if fp8 else (w2, 0, 0)
     bn_down = config.block_n_down
-    _down_kernel[(n_blocks, triton.cdiv(dim, bn_down))](
+    _down_kernel[(n_blocks, cdiv(dim, bn_down))](
         act, act_s, w2, down_scale[0], sorted_pairs, starts, counts, topk_weights.reshape(-1),
         pair_out, experts, w2.stride(0), down_scale[1], down_scale[2], D=dim, INTER=inter, BLOCK_M=bm, BLOCK_N=bn_down,
         BLOCK_K=_block_k(inter, fp8, x.dtype), BLOCK_E=block_e, FP8_W=fp8, COMPILED=compiled, num_warps=config.warps_down,
         num_stages=config.stages,
     )
-    block_d = min(1024, triton.next_power_of_2(dim))
-    _sum_topk_kernel[(tokens, triton.cdiv(dim, block_d))](pair_out, ids, y, experts, D=dim, TOP_K=top_k,
+    block_d = min(1024, next_power_of_2(dim))
+    _sum_topk_kernel[(tokens, cdiv(dim, block_d))](pair_out, ids, y, experts, D=dim, TOP_K=top_k,
                                                          BLOCK_D=block_d, num_warps=4)
     return y
 
@@ -333,7 +333,7 @@ def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale
     configs = candidates(pairs, experts, fp8, x.dtype)
     if not compiled_for_gpu():
         return Config(16, 128 if fp8 else 32, 32, 4, 4, 1)
-    key = (triton.next_power_of_2(max(pairs, 1)), tuple(w13.shape), tuple(w2.shape), fp8, scale_fmt, x.dtype, x.device)
+    key = (next_power_of_2(max(pairs, 1)), tuple(w13.shape), tuple(w2.shape), fp8, scale_fmt, x.dtype, x.device)
     if key in _TUNED:
         return _TUNED[key]
     if torch.cuda.is_current_stream_capturing() or not tuning_enabled():

@@ -16,6 +16,7 @@ other bit for bit set ``ENGINE_OPS_TUNE=0``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ import triton.language as tl
 
 from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .common import round_to_dtype
+from .common import cdiv, next_power_of_2, num_sms, round_to_dtype
 
 # Fewer K blocks than this per split would leave each program too little work to pipeline.
 _MIN_K_BLOCKS_PER_SPLIT = 4
@@ -113,7 +114,7 @@ def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.co
 
 def m_bucket(m: int) -> int:
     """The tuning bucket of M: the next power of two, at least 16 and at most 4096."""
-    return min(max(16, triton.next_power_of_2(m)), 4096)
+    return min(max(16, next_power_of_2(m)), 4096)
 
 
 def _split_for(tiles: int, k_blocks: int, num_sms: int) -> int:
@@ -138,12 +139,18 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> list[Config]:
         tiles = [(128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 5), (128, 64, 8, 4), (64, 256, 8, 4)]
     configs = []
     for bm, bn, warps, stages in tiles:
-        split = _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), k_blocks, num_sms) if bucket <= 256 else 1
+        split = _split_for(cdiv(m, bm) * cdiv(n, bn), k_blocks, num_sms) if bucket <= 256 else 1
         for s in dict.fromkeys((split, 1)):
             config = Config(bm, bn, s, warps, stages)
             if config not in configs:
                 configs.append(config)
     return configs
+
+
+@functools.lru_cache(maxsize=4096)
+def default_config(m: int, n: int, k: int, num_sms: int) -> Config:
+    """The untimed default configuration of a shape (its first candidate), computed once."""
+    return candidates(m, n, k, num_sms)[0]
 
 
 def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> torch.Tensor:
@@ -159,7 +166,7 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     if (k // BLOCK) % split:
         raise ValueError(f"gemm.fp8_block: split_k={split} does not divide the {k // BLOCK} K blocks")
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
+    grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), split)
     _fp8_gemm_kernel[grid](
         a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
         b.stride(0), b_scale.stride(0), target.stride(0) if split > 1 else 0, n, K_BLOCKS=k // BLOCK,
@@ -167,17 +174,11 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
-        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
+        _sum_splits_kernel[(cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
     return out
 
 
 _TUNED: dict[tuple, Config] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
 
 
 def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
@@ -185,11 +186,13 @@ def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
     m, k = a.shape
     n = b.shape[0]
     key = (m_bucket(m), n, k, out_dtype, a.device)
-    if key in _TUNED:
-        return _TUNED[key]
-    configs = candidates(m, n, k, _num_sms(a.device))
-    if a.device.type != "cuda" or torch.cuda.is_current_stream_capturing() or not tuning_enabled():
-        return configs[0]
+    tuned = _TUNED.get(key)
+    if tuned is not None:
+        return tuned
+    sms = num_sms(a.device)
+    if a.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
+        return default_config(m, n, k, sms)
+    configs = candidates(m, n, k, sms)
     timings, last_error = [], None
     for config in configs:
         try:
@@ -227,7 +230,7 @@ def _validate(a, a_scale, b, b_scale, out_dtype) -> None:
         raise ValueError(f"gemm.fp8_block: K={k} is not a multiple of {BLOCK}")
     if tuple(a_scale.shape) != (m, k // BLOCK):
         raise ValueError(f"gemm.fp8_block: a_scale must have shape {[m, k // BLOCK]}, got {list(a_scale.shape)}")
-    if tuple(b_scale.shape) != (triton.cdiv(n, BLOCK), k // BLOCK):
-        raise ValueError(f"gemm.fp8_block: b_scale must have shape {[triton.cdiv(n, BLOCK), k // BLOCK]}, got {list(b_scale.shape)}")
+    if tuple(b_scale.shape) != (cdiv(n, BLOCK), k // BLOCK):
+        raise ValueError(f"gemm.fp8_block: b_scale must have shape {[cdiv(n, BLOCK), k // BLOCK]}, got {list(b_scale.shape)}")
     if out_dtype not in (torch.bfloat16, torch.float32, torch.float16):
         raise ValueError(f"gemm.fp8_block: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
-from .common import compiled_for_gpu, div_rows_rn, fp8e4m3_bits, round_to_dtype, rows_per_program
+from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -63,9 +63,9 @@ def store(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: 
     _validate(latent, rope, cache, slots, scale, fp8)
     n_rows, rank, rope_dim = latent.shape[0], latent.shape[1], rope.shape[1]
     if n_rows:
-        block_r, block_d = triton.next_power_of_2(rank), triton.next_power_of_2(rope_dim)
+        block_r, block_d = next_power_of_2(rank), next_power_of_2(rope_dim)
         rows = rows_per_program(n_rows, block_r + block_d)
-        _store_kernel[(triton.cdiv(n_rows, rows),)](
+        _store_kernel[(cdiv(n_rows, rows),)](
             latent, rope, slots, cache.view(torch.uint8) if fp8 else cache, scale if fp8 else cache,
             n_rows, latent.stride(0), rope.stride(0), RANK=rank, ROPE=rope_dim, BLOCK_R=block_r,
             BLOCK_D=block_d, ROWS=rows, FP8_CACHE=fp8, HARDWARE_CAST=compiled_for_gpu(), num_warps=2,

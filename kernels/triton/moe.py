@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import compiled_for_gpu, sigmoid_f32
+from .common import compiled_for_gpu, next_power_of_2, sigmoid_f32
 
 _TAKEN = tl.constexpr(-(2**63))  # below the key of every real score, -inf included
 
@@ -91,11 +91,11 @@ def gate(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: i
     weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
     if t:
-        block_g, block_p = triton.next_power_of_2(n_group), triton.next_power_of_2(e // n_group)
+        block_g, block_p = next_power_of_2(n_group), next_power_of_2(e // n_group)
         _gate_kernel[(t,)](
             logits, bias.contiguous() if bias is not None else logits, weights, ids, logits.stride(0),
             float(routed_scaling_factor), N_GROUP=n_group, PER_GROUP=e // n_group, TOPK_GROUP=topk_group,
-            TOP_K=top_k, BLOCK_G=block_g, BLOCK_P=block_p, BLOCK_K=triton.next_power_of_2(top_k),
+            TOP_K=top_k, BLOCK_G=block_g, BLOCK_P=block_p, BLOCK_K=next_power_of_2(top_k),
             HAS_BIAS=bias is not None, NORM=bool(norm_topk_prob), USE_LIBDEVICE=compiled_for_gpu(),
             num_warps=1 if block_g * block_p <= 512 else 4,
         )

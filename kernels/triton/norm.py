@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import next_power_of_2
+
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, x_row_stride, eps,
@@ -38,7 +40,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: 
     if x2.shape[0]:
         _rmsnorm_kernel[(x2.shape[0],)](
             x2, res_in, weight.contiguous(), y, res_out, n, x2.stride(0), eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 4096 else 4,
+            HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n), num_warps=8 if n >= 4096 else 4,
         )
     if residual is not None:
         return y.view(x.shape), res_out.view(x.shape)

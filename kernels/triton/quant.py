@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX
-from .common import compiled_for_gpu, div_rows_rn, fp8e4m3_bits, round_to_dtype, rows_per_program
+from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -58,9 +58,9 @@ def act_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = 
     s = torch.empty(*x.shape[:-1], k // group_size, dtype=torch.float32, device=x.device)
     n_groups = s.numel()
     if n_groups:
-        block = triton.next_power_of_2(group_size)
+        block = next_power_of_2(group_size)
         groups = rows_per_program(n_groups, block)
-        _act_quant_kernel[(triton.cdiv(n_groups, groups),)](
+        _act_quant_kernel[(cdiv(n_groups, groups),)](
             x, q.view(torch.uint8), s, n_groups, GROUP=group_size, GROUP_BLOCK=block, GROUPS=groups,
             UE8M0=scale_fmt == "ue8m0", HARDWARE_CAST=compiled_for_gpu(), num_warps=4,
         )
@@ -90,7 +90,7 @@ def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dt
     if block < 1 or block & (block - 1):
         raise ValueError(f"weight_dequant: block must be a power of two, got {block}")
     n, k = w.shape
-    expected = (triton.cdiv(n, block), triton.cdiv(k, block))
+    expected = (cdiv(n, block), cdiv(k, block))
     if tuple(scale_inv.shape) != expected:
         raise ValueError(f"weight_dequant: scale_inv must have shape {list(expected)} for w {[n, k]}, got {list(scale_inv.shape)}")
     w = w.contiguous()
@@ -99,7 +99,7 @@ def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dt
     if w.numel():
         block_k = min(block, 128)
         block_n = min(block, 32)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
+        grid = (cdiv(n, block_n), cdiv(k, block_k))
         _weight_dequant_kernel[grid](w, scale_inv, y, n, k, scale_inv.stride(0), SCALE_BLOCK=block,
                                      BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return y

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import rows_per_program
+from .common import cdiv, next_power_of_2, rows_per_program
 
 
 @triton.jit
@@ -66,9 +66,9 @@ def apply(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interle
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = x3.shape[0] * x3.shape[1]
     if n_rows:
-        half_block = triton.next_power_of_2(d // 2)
+        half_block = next_power_of_2(d // 2)
         rows = rows_per_program(n_rows, 2 * half_block)
-        _rope_kernel[(triton.cdiv(n_rows, rows),)](
+        _rope_kernel[(cdiv(n_rows, rows),)](
             x3, positions.contiguous(), cache, y, n_rows, x3.shape[1], x3.stride(0), x3.stride(1), cache.stride(0),
             D=d, HALF_BLOCK=half_block, ROWS=rows, INTERLEAVED=interleaved, num_warps=4,
         )

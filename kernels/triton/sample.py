@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..ops import sample as ref
+from .common import cdiv, next_power_of_2
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))
@@ -227,7 +228,7 @@ def _sample_kernel(logits_ptr, row_stride, temperature_ptr, top_k_ptr, top_p_ptr
 def block_size(vocab: int, on_gpu: bool) -> int:
     """Chunk length: 4096 on a GPU (fastest on an H200 with 16 warps); 512 under the
     interpreter, so that small test rows still run the multi-chunk path."""
-    return min(4096 if on_gpu else 512, triton.next_power_of_2(vocab))
+    return min(4096 if on_gpu else 512, next_power_of_2(vocab))
 
 
 def sample(logits, temperature, top_k, top_p, seed, step):
@@ -242,7 +243,7 @@ def sample(logits, temperature, top_k, top_p, seed, step):
         block = block_size(vocab, logits.is_cuda)
         _sample_kernel[(rows,)](
             logits, logits.stride(0), temperature, top_k, top_p, seed, step, tokens, logprobs, vocab,
-            KEY_SHIFT=16 if logits.dtype == torch.bfloat16 else 0, BLOCK=block, N_CHUNKS=triton.cdiv(vocab, block),
+            KEY_SHIFT=16 if logits.dtype == torch.bfloat16 else 0, BLOCK=block, N_CHUNKS=cdiv(vocab, block),
             num_warps=16 if block >= 4096 else 4, enable_fp_fusion=False,
         )
     return tokens, logprobs
