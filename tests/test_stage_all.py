@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ HEADER = ("schema", "stage", "image", "run_id", "status", "started", "ended", "v
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler (the build stage builds engine-c)")
 def test_all_on_the_local_image_then_a_fast_noop_build(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "invoke", "all", "--image", "local", "--artifacts", str(tmp_path)],
