@@ -114,6 +114,8 @@ def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]]
             gpu_us = harness.median_ms(lambda: direct(*args, **kwargs), graph=True) * 1e3
         except UnsupportedCall as exc:
             return Row(label, shape, "-", "-", "-", "-", f"declines this call: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one backend's failure is a row, the others still run
+            return Row(label, shape, "-", "-", "-", "-", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     if resolved != backend:
         return Row(label, shape, "-", "-", "-", "-", f"the registry resolved '{resolved}', not '{backend}' (see above)")
     verdict = f"goal <= {GOAL_US:.0f} us: {'met' if registry_us <= GOAL_US else 'missed'}"

@@ -64,6 +64,17 @@ def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeyp
     assert os.environ["ENGINE_OPS_BACKEND_NORM_RMSNORM"] == "torch"  # the caller's choice is back
 
 
+def test_host_overhead_makes_a_failing_backend_a_row(monkeypatch):
+    from benchmarks import host_overhead
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.delenv("ENGINE_OPS_BACKEND_QUANT_ACT_QUANT", raising=False)
+    bad = torch.randn(1, 100)  # K = 100: the Triton act_quant refuses it (not a multiple of 128)
+    row = host_overhead.backend_row("quant.act_quant", "1x100", lambda: ((bad,), {}), "triton", calls=2)
+    assert row.time == "-" and row.notes.startswith("failed: ValueError: ")
+    assert "ENGINE_OPS_BACKEND_QUANT_ACT_QUANT" not in os.environ
+
+
 def test_host_overhead_wrappers_time_every_op_and_restore_the_kernels(capsys):
     from benchmarks import host_overhead
     from kernels.triton import gemm, norm
