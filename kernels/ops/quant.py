@@ -30,6 +30,16 @@ def ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return rounded.view(torch.float32)
 
 
+def check_act_quant_args(x: torch.Tensor, group_size: int, scale_fmt: str | None) -> None:
+    """ValueError unless ``scale_fmt`` is None or "ue8m0" and ``group_size`` divides x's last
+    dimension: the arguments every backend of ``quant.act_quant`` accepts."""
+    if scale_fmt not in (None, "ue8m0"):
+        raise ValueError(f"scale_fmt must be None or 'ue8m0', got {scale_fmt!r}")
+    k = x.shape[-1]
+    if k % group_size:
+        raise ValueError(f"last dimension {k} is not a multiple of group_size {group_size}")
+
+
 def act_quant_reference(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = None):
     """Per-token-group FP8 quantization of the last dimension.
 
@@ -39,11 +49,8 @@ def act_quant_reference(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str
     round-to-nearest-even. Returns ``(q, s)`` with ``s`` of shape ``[..., K // group_size]``
     in fp32. Every backend must match this bit for bit.
     """
-    if scale_fmt not in (None, "ue8m0"):
-        raise ValueError(f"scale_fmt must be None or 'ue8m0', got {scale_fmt!r}")
+    check_act_quant_args(x, group_size, scale_fmt)
     k = x.shape[-1]
-    if k % group_size:
-        raise ValueError(f"last dimension {k} is not a multiple of group_size {group_size}")
     g = x.float().reshape(*x.shape[:-1], k // group_size, group_size)
     amax = g.abs().amax(dim=-1).clamp(min=AMAX_FLOOR)
     # A 0-dim tensor on amax's device, not a Python scalar: CUDA divides by a scalar as a

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX
+from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX, check_act_quant_args
 from ..registry import UnsupportedCall
 from .build import compile_program, off_device_reason
 
@@ -69,11 +69,8 @@ def kernel(group: int, in_dtype: str, ue8m0: bool, arch: str | None = None):
 
 def act_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = None):
     """Same contract as :func:`kernels.ops.quant.act_quant_reference` (see the module docstring)."""
-    if scale_fmt not in (None, "ue8m0"):
-        raise ValueError(f"scale_fmt must be None or 'ue8m0', got {scale_fmt!r}")
+    check_act_quant_args(x, group_size, scale_fmt)
     k = x.shape[-1]
-    if k % group_size:
-        raise ValueError(f"last dimension {k} is not a multiple of group_size {group_size}")
     reason = unsupported_reason(x, group_size, scale_fmt)
     if reason:
         raise UnsupportedCall(reason)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX
+from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX, check_act_quant_args
 from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -48,11 +48,8 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUP_
 
 def act_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = None):
     """Same contract as :func:`kernels.ops.quant.act_quant_reference`."""
-    if scale_fmt not in (None, "ue8m0"):
-        raise ValueError(f"scale_fmt must be None or 'ue8m0', got {scale_fmt!r}")
+    check_act_quant_args(x, group_size, scale_fmt)
     k = x.shape[-1]
-    if k % group_size:
-        raise ValueError(f"last dimension {k} is not a multiple of group_size {group_size}")
     x = x.contiguous()
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     s = torch.empty(*x.shape[:-1], k // group_size, dtype=torch.float32, device=x.device)
