@@ -10,8 +10,9 @@
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
-#   determinism  the ab and e2e stages of the local image twice (pytest -m gpu tests/test_determinism.py;
-#              needs the pipeline's packages: pyyaml, rich, psutil): A/B dumps bitwise equal, tokens,
+#   determinism  the ab and e2e stages twice (pytest -m gpu tests/test_determinism.py: the test matrix's
+#              determinism-gpu image, the GEMM, fused-experts and MLA-decode A/B and 12 prompts; needs
+#              the pipeline's packages: pyyaml, rich, psutil): A/B dumps bitwise equal, tokens,
 #              logprobs and top-2 margins identical, kernel configs fixed by the stages (ENGINE_OPS_TUNE=0)
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
@@ -44,6 +45,7 @@ OUT=${1:-${OUT:-artifacts/gpu-check}}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export BRINGUP_TESTS_FAILURES_AT_ONCE=1  # a step cut off by its limit still shows why a test failed
 PY=${PY:-python3}
 STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,vendor,tilelang,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep,host_overhead}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +71,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         if "docker" in item.keywords and docker_reason:
             item.add_marker(pytest.mark.skip(reason=docker_reason))
+
+
+def pytest_runtest_logreport(report):
+    """With ``BRINGUP_TESTS_FAILURES_AT_ONCE=1`` (``scripts/gpu_check.sh`` sets it) a failure is
+    printed as it happens, so a run cut off by its time limit still shows why a test failed."""
+    if report.failed and os.environ.get("BRINGUP_TESTS_FAILURES_AT_ONCE") == "1":
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when}):\n{report.longreprtext[-4000:]}\n")
+        sys.stderr.flush()

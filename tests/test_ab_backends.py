@@ -115,6 +115,15 @@ def test_the_ab_stage_dumps_every_available_backend(stage_artifacts):
         assert (ab_dir / name / "manifest.json").is_file() == (reason is None)
 
 
+def test_an_images_ab_ops_limit_the_ab_stage_to_those_ops(tmp_path):
+    matrix = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"
+    proc = _python(["-m", "bringup", "ab", "--image", "ab-norm-only", "--matrix", str(matrix), "--artifacts", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "ab-norm-only" / "ab" / "results.json").read_text())
+    assert record["results"] and {r["op"] for r in record["results"]} == {"norm.rmsnorm"}
+    assert record["summary"]["failed"] == 0
+
+
 @pytest.mark.slow
 def test_the_diff_compares_backends_within_and_across_images(stage_artifacts, tmp_path):
     from test_diff import _max_rel

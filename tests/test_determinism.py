@@ -2,8 +2,8 @@
 runner, fresh processes, separate artifact folders) give bitwise-equal A/B dumps (every backend)
 and identical tokens, logprobs and top-2 margins, with kernel configurations the stages fixed
 (``ENGINE_OPS_TUNE=0``, not chosen by timing). On CPU under the Triton interpreter (a test matrix
-image), and on a GPU (the project's ``local`` image: compiled Triton, where configurations could
-otherwise be timed; ``scripts/gpu_check.sh`` step ``determinism``)."""
+image), and on a GPU (``determinism-gpu``: compiled Triton, where configurations could otherwise be
+timed; ``scripts/gpu_check.sh`` step ``determinism``)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def test_the_same_image_twice_on_cpu_gives_the_same_bits(tmp_path):
 
 @pytest.mark.gpu
 def test_the_same_image_twice_on_gpu_gives_the_same_bits(tmp_path):
-    first, second = run_twice(REPO / "matrix.yaml", "local", tmp_path)
+    """The ops whose configurations could be timed, at DeepSeek-V3 shapes (every op twice took
+    over 5 minutes on the H200), and 12 prompts on every GPU."""
+    first, second = run_twice(TEST_MATRIX, "determinism-gpu", tmp_path)
     assert json.loads((first / "e2e" / "report.json").read_text())["device"] == "cuda"
     assert_same_bits(first, second)

@@ -239,7 +239,8 @@ def test_gemm_splits_fill_one_wave_and_divide_the_k_blocks(m, n, k):
     if split > 1:
         assert tiles * split <= 132 and k // 128 // split >= 4
         assert tiles * split * 2 > 132 or (k // 128) % (split * 2) or k // 128 // (split * 2) < 4 or split == 8
-    assert (config.block_m, config.block_n) == ((64, 64) if m <= 64 else (64, 128) if m <= 256 else (128, 128))
+    # one consumer warpgroup at every M: the two-warpgroup 128 x 128 tile failed the A/B on the H200
+    assert (config.block_m, config.block_n, config.threads) == ((64, 64, 128) if m <= 64 else (64, 128, 128))
 
 
 def test_decode_splits_depend_on_the_launch_shape_only():

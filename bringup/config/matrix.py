@@ -25,6 +25,7 @@
         gpus: all                      # all | a count | null (none)
         world_size: 8
         e2e_prompts: 12                # e2e on the first N prompts only (default: all of them)
+        ab_ops: [gemm.*, attn.mla_decode]  # the ab stage on these ops only (names or globs; default: all)
         model: ~/models/mine           # e2e model, prompts and answer key (see bringup.config.model_inputs;
         prompts: prompts.jsonl         #   default: the bundled tiny checkpoint and its key)
         answer_key: key.json
@@ -79,7 +80,7 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 DOCKER_REF = rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
 BASE_WHAT = "a docker image reference such as 'vllm/vllm-openai:v0.32.0' or 'offline:<name>'"
 VERSION_WHAT = 'a version string such as "2.11.0+cu130" (or null: not checked)'
-IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts",
+IMAGE_FIELDS = ("runner", "base", "dockerfile", "python", "expect", "env", "recipes", "gpus", "world_size", "e2e_prompts", "ab_ops",
                 *MODEL_FIELDS, "peer", "replay")
 DEFAULT_TIMEOUTS = {"env": 1800, "build": 3600, "verify": 900, "ab": 3600, "e2e": 3600, "peer": 1800, "replay": 1800,
                     "blame": 3600}
@@ -108,6 +109,7 @@ class Image:
     gpus: str | int | None = None
     world_size: int | None = None
     e2e_prompts: int | None = None
+    ab_ops: list[str] = field(default_factory=list)  # the ab stage's ops (names or globs; empty: every op)
     python: str | None = None
     context: ImageSpec | None = None    # what the Dockerfile's build context holds (images/<x>/image.yaml)
     model: Path | None = None           # e2e model, prompts and answer key (None: the launcher's defaults)
@@ -122,7 +124,7 @@ class Image:
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
-                "e2e_prompts": self.e2e_prompts, "python": self.python}
+                "e2e_prompts": self.e2e_prompts, "ab_ops": self.ab_ops, "python": self.python}
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,8 @@ def _fields(raw: Any, at: At, base_dir: Path, recipes: dict[str, Recipe]) -> dic
             fields[key] = None if value is None else integer(value, key_at, 1, "a number of ranks >= 1")
         elif key == "e2e_prompts":
             fields[key] = None if value is None else integer(value, key_at, 1, "a number of prompts >= 1 (or null: all)")
+        elif key == "ab_ops":
+            fields[key] = string_list(value, key_at, r"[A-Za-z0-9_.*?\[\]-]+", "an op name or glob such as 'gemm.*'", allow_empty=False)
         elif key in MODEL_FIELDS:
             fields[key] = None if value is None else model_field(key, value, key_at, base_dir)
         elif key == "peer":
@@ -346,7 +350,7 @@ def _image(name: str, fields: dict[str, Any], at: At, recipes: dict[str, Recipe]
     return Image(
         name=name, runner=runner, base=base, dockerfile=dockerfile, tag=tag, expect=expect,
         env=fields.get("env", {}), recipes=fields.get("recipes", []), gpus=fields.get("gpus"),
-        world_size=fields.get("world_size"), e2e_prompts=fields.get("e2e_prompts"),
+        world_size=fields.get("world_size"), e2e_prompts=fields.get("e2e_prompts"), ab_ops=fields.get("ab_ops", []),
         python=fields.get("python", None if runner == "local" else "python3"), context=context,
         **{k: fields.get(k) for k in (*MODEL_FIELDS, "peer")}, replay=fields.get("replay", {}),
     )

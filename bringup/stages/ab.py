@@ -6,7 +6,8 @@ dumped so another image, or another backend, can be compared element-wise: the d
 backend's in ``ab/`` (``ab/manifest.json`` + ``ab/*.safetensors``), each other backend's in
 ``ab/<backend>/``. Backends unavailable here are listed with the reason in ``ab/results.json``
 (``backends``), which is kernels.ab's JSON with the stage header merged in. Kernel configurations
-are not chosen by timing (``ENGINE_OPS_TUNE=0`` unless the image sets it; ``kernel_configs``).
+are not chosen by timing (``ENGINE_OPS_TUNE=0`` unless the image sets it; ``kernel_configs``). An image's ``ab_ops``
+(names or globs) limits the stage to those ops.
 """
 
 from __future__ import annotations
@@ -27,4 +28,6 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
         return FAILED, {"problems": ["torch is not importable in this image: kernels.ab cannot run"]}, probe_versions(sys.executable)
     results_path = out / "ab" / "results.json"
     argv = [sys.executable, "-m", "kernels.ab", "--all-backends", "--dump", str(out / "ab"), "--json", str(results_path)]
+    if spec.get("ab_ops"):
+        argv += ["--ops", ",".join(spec["ab_ops"])]
     return run_recording_module("ab", argv, results_path, EXIT_MEANING)
