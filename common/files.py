@@ -1,4 +1,5 @@
-"""Files written whole or not at all, JSON that is always strict, and a file's sha256.
+"""Files written whole or not at all, JSON that is always strict (JSON Lines read line by line),
+and a file's sha256.
 
 A write goes to a temporary file in the same folder, then is renamed over the target, so a
 reader sees the old file or the new one, never half of one; the temporary file is removed when
@@ -76,6 +77,29 @@ def load_json(path: str | Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise JsonFileError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+
+
+def load_jsonl_objects(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON object on each non-blank line of ``path``, as ``("path:line", object)``;
+    JsonFileError when the file cannot be read or a line is not a JSON object (naming the line)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JsonFileError(f"{path}: cannot be read ({exc})") from None
+    objects = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise JsonFileError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise JsonFileError(f"{where}: expected a JSON object per line")
+        objects.append((where, obj))
+    return objects
 
 
 def read_json(path: str | Path) -> dict[str, Any] | None:

@@ -13,9 +13,10 @@ be used raises :class:`TokenFileError` naming the file, the line and the field.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from .files import JsonFileError, load_jsonl_objects
 
 IDENTICAL, NEAR_TIE, REAL, MISMATCH = "identical", "near-tie", "real", "mismatch"
 NEAR_TIE_MARGIN = 1.0  # the default near-tie threshold (top-2 logit gap)
@@ -65,27 +66,18 @@ def read_generations(path: Path) -> dict[int, Generation]:
     """
     chosen: dict[int, Generation] = {}
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenFileError(f"{path}: cannot be read ({exc})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        gen = _parse_line(path, number, line)
+        objects = load_jsonl_objects(path)
+    except JsonFileError as exc:
+        raise TokenFileError(str(exc)) from None
+    for where, obj in objects:
+        gen = _generation(where, obj)
         current = chosen.get(gen.prompt_index)
         if current is None or gen.rank < current.rank:
             chosen[gen.prompt_index] = gen
     return dict(sorted(chosen.items()))
 
 
-def _parse_line(path: Path, number: int, line: str) -> Generation:
-    where = f"{path}:{number}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TokenFileError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise TokenFileError(f"{where}: expected a JSON object per line")
+def _generation(where: str, obj: dict) -> Generation:
     for key, kind in (("rank", int), ("prompt_index", int), ("prompt", str), ("token_ids", list), ("top2_margin", list)):
         if not isinstance(obj.get(key), kind) or isinstance(obj.get(key), bool):
             raise TokenFileError(f"{where}: '{key}' must be a {kind.__name__}")

@@ -12,14 +12,13 @@ Hidden states are bounded: :func:`check_size` refuses settings whose file would 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from common.files import read_json, to_json, write_bytes, write_text
+from common.files import JsonFileError, load_jsonl_objects, read_json, to_json, write_bytes, write_text
 
 from . import PromptReplay
 
@@ -76,26 +75,18 @@ def read(folder: Path) -> Replay:
     if report is None:
         raise ReplayFileError(f"{folder / REPORT}: missing or not a JSON object (made by python -m engine.replay)")
     replay = Replay(folder, report)
-    path = folder / TOKENS
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReplayFileError(f"{path}: cannot be read ({exc})") from None
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            entry = _entry(f"{path}:{number}", line)
-            replay.prompts[entry.prompt_index] = entry
+        objects = load_jsonl_objects(folder / TOKENS)
+    except JsonFileError as exc:
+        raise ReplayFileError(str(exc)) from None
+    for where, obj in objects:
+        entry = _entry(where, obj)
+        replay.prompts[entry.prompt_index] = entry
     _read_hidden(folder / HIDDEN, replay)
     return replay
 
 
-def _entry(where: str, line: str) -> PromptReplay:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ReplayFileError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise ReplayFileError(f"{where}: expected a JSON object per line")
+def _entry(where: str, obj: dict) -> PromptReplay:
     for key, kind in (("prompt_index", int), ("prompt", str), ("token_ids", list), ("logprobs", list), ("top_ids", list),
                       ("top_logprobs", list)):
         if not isinstance(obj.get(key), kind):
