@@ -124,6 +124,22 @@ def test_an_images_ab_ops_limit_the_ab_stage_to_those_ops(tmp_path):
     assert record["summary"]["failed"] == 0
 
 
+def test_only_the_ab_stages_key_depends_on_ab_ops(tmp_path):
+    from bringup.config.matrix import load_matrix
+    from bringup.host.stage_inputs import inputs_hash, stage_inputs
+
+    def hashes(**fields) -> dict[str, str]:
+        path = tmp_path / "matrix.yaml"
+        path.write_text(json.dumps({"schema": 1, "reference": "local", "recipes_dir": str(REPO / "recipes"),
+                                    "images": {"local": {"runner": "local", **fields}}}))
+        matrix = load_matrix(path)
+        return {s: inputs_hash(stage_inputs(s, matrix.image("local"), matrix, {"host": "x"}, {"env": "e", "build": "b"}))
+                for s in ("env", "build", "verify", "ab", "e2e")}
+
+    every_op, some = hashes(), hashes(ab_ops=["norm.*"])
+    assert [s for s in every_op if every_op[s] != some[s]] == ["ab"]
+
+
 @pytest.mark.slow
 def test_the_diff_compares_backends_within_and_across_images(stage_artifacts, tmp_path):
     from test_diff import _max_rel

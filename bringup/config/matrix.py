@@ -120,11 +120,12 @@ class Image:
 
     def entry(self) -> dict[str, Any]:
         """The resolved entry as JSON (part of every stage's cache key; the model inputs, the
-        peer and the replay settings are part of their stages' keys only, see bringup.host.stage_inputs)."""
+        peer, the replay settings and ``ab_ops`` are part of their stages' keys only, see
+        bringup.host.stage_inputs)."""
         return {"name": self.name, "runner": self.runner, "base": self.base, "tag": self.tag,
                 "dockerfile": str(self.dockerfile) if self.dockerfile else None, "expect": self.expect,
                 "env": self.env, "recipes": self.recipes, "gpus": self.gpus, "world_size": self.world_size,
-                "e2e_prompts": self.e2e_prompts, "ab_ops": self.ab_ops, "python": self.python}
+                "e2e_prompts": self.e2e_prompts, "python": self.python}
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ def stage_inputs(stage: str, image: Image, matrix: Matrix, identity: Any, upstre
         return inputs
     if stage in ("verify", "e2e", "replay", "blame"):
         inputs["build"] = upstream.get("build")
+    if stage == "ab":
+        inputs["ab_ops"] = image.ab_ops
     if stage == "e2e":
         inputs["world_size"] = world_size
     if stage == "peer":

@@ -46,8 +46,8 @@ class Config:
 def config_for(m: int) -> Config:
     """The tile configuration for M rows: 64-row tiles (WGMMA's smallest M) and one consumer
     warpgroup at every M, 64 columns for decode. A 128 x 128 tile with two consumer warpgroups
-    (256 threads) gave wrong results for M > 128 on the H200 (A/B at 300 and 4096 rows,
-    2026-12-01) and is not used."""
+    (256 threads), once used above 256 rows, gave wrong results on the H200 (A/B at 300 and 4096
+    rows, 2026-12-01) and is not used."""
     if m <= 64:
         return Config(64, 64, 4, 128)
     return Config(64, 128, 4, 128)
