@@ -44,6 +44,7 @@ def test_eight_ranks_agree_and_answer_the_whole_key(tmp_path):
     assert report["consistent"] is True and report["tracebacks"] == [] and report["failure"] is None
     ops = report["ops"]["ops"]
     assert ops["moe.fused_experts"]["backend"] == "torch" and report["ops"]["fallbacks"] == []
+    assert report["unserved"] == [] and "served no call" not in launch.output
     for name, value in NVLS_OFF.items():
         assert report["env"][name]["value"] == value
     lines = [json.loads(line) for line in (tmp_path / "tokens.jsonl").read_text().splitlines()]
@@ -147,3 +148,21 @@ def test_max_prompts_runs_the_first_prompts_of_the_key(tmp_path):
     assert all(p["answer_ok"] for p in report["prompts"])
     zero = Launch(tmp_path / "zero", "--world-size", "2", "--max-prompts", "0")
     assert zero.wait(timeout=60) == 2 and "--max-prompts must be at least 1" in zero.output
+
+
+def test_a_requested_backend_that_served_no_call_is_named(tmp_path):
+    # On CPU (no interpreter) the default backend is torch: triton, requested for two ops, serves
+    # neither - the FP8 GEMM never runs on the bf16 checkpoint, rmsnorm falls back to torch.
+    env = {"ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK": "triton", "ENGINE_OPS_BACKEND_NORM_RMSNORM": "triton"}
+    launch = Launch(tmp_path, "--world-size", "1", "--max-prompts", "2", env=env)
+    assert launch.wait(timeout=300) == 0, launch.output
+    report = launch.report()
+    assert report["answers"]["correct"] == 2
+    unserved = {entry["op"]: entry for entry in report["unserved"]}
+    assert sorted(unserved) == ["gemm.fp8_block", "norm.rmsnorm"], report["unserved"]
+    assert unserved["gemm.fp8_block"] == {"op": "gemm.fp8_block", "requested": "triton", "calls": {}, "why": "the op never ran"}
+    norm = unserved["norm.rmsnorm"]
+    assert norm["calls"] == report["op_calls"]["norm.rmsnorm"] and set(norm["calls"]) == {"torch"} and norm["calls"]["torch"] > 0
+    assert norm["why"].startswith("triton unavailable: ")
+    assert "launch: note: gemm.fp8_block=triton served no call (the op never ran)" in launch.output
+    assert f"launch: note: norm.rmsnorm=triton served no call ({norm['calls']['torch']} on torch; triton unavailable" in launch.output

@@ -164,3 +164,24 @@ def test_infiniband_devices_decide_the_rdma_settings(tmp_path, monkeypatch):
     assert with_ib["infiniband_devices"] == ["uverbs0"] and with_ib["rdma"] is True
     assert "NCCL_IB_DISABLE" not in with_ib["settings"] and "EP_DISABLE_GIN" not in with_ib["settings"]
     assert all(with_ib["settings"][k] == v for k, v in rank_env.ALWAYS.items())
+
+
+def test_requested_backends_that_served_no_call_are_listed_with_why():
+    ops = {"default_backend": "triton", "call_fallbacks": [
+        {"op": "attn.mla_decode", "backend": "flash_mla", "used": "triton", "reason": "needs rank 512"},
+        {"op": "attn.mla_decode", "backend": "flash_mla", "used": "triton", "reason": "needs rank 512"}],
+        "ops": {"attn.mla_decode": {"requested": "flash_mla", "backend": "flash_mla", "reason": None},
+                "gemm.fp8_block": {"requested": "deep_gemm", "backend": "deep_gemm", "reason": None},
+                "quant.act_quant": {"requested": "tilelang", "backend": "triton", "reason": "tilelang is not installed"},
+                "norm.rmsnorm": {"requested": "triton", "backend": "triton", "reason": None},
+                "moe.gate": {"requested": "torch", "backend": "torch", "reason": None}}}
+    calls = {"attn.mla_decode": {"triton": 48}, "gemm.fp8_block": {}, "quant.act_quant": {"triton": 3},
+             "norm.rmsnorm": {"triton": 9}, "moe.gate": {"torch": 4}}
+    found = e2e_report.unserved_requests(ops, calls)
+    assert found == [
+        {"op": "attn.mla_decode", "requested": "flash_mla", "calls": {"triton": 48}, "why": "flash_mla declined every call: needs rank 512"},
+        {"op": "gemm.fp8_block", "requested": "deep_gemm", "calls": {}, "why": "the op never ran"},
+        {"op": "quant.act_quant", "requested": "tilelang", "calls": {"triton": 3}, "why": "tilelang unavailable: tilelang is not installed"}]
+    # A backend that served some of the calls is exercised; reports without a default name nothing.
+    assert e2e_report.unserved_requests(ops, {**calls, "attn.mla_decode": {"triton": 40, "flash_mla": 8}})[0]["op"] == "gemm.fp8_block"
+    assert e2e_report.unserved_requests({k: v for k, v in ops.items() if k != "default_backend"}, calls) == []

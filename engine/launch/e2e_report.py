@@ -11,7 +11,8 @@ each backend ran, summed over the ranks; ``{}``: the op never ran), ``native``, 
 decode batch sizes, None when eager), ``env`` (the rank
 settings and whether the launcher set them), ``quirks``, ``consistent`` (every prompt gave one
 sequence on all ranks), ``answers`` (the answer-key score, None without a key), ``timings``,
-``ranks`` (pid, exit, state at the end, heartbeat), ``failure`` (the blamed rank, why, the last
+``unserved`` (ops set to a backend other than the default that served none of their calls: see
+:func:`unserved_requests`), ``ranks`` (pid, exit, state at the end, heartbeat), ``failure`` (the blamed rank, why, the last
 lines of its traceback and log), ``tracebacks`` (every traceback found in the rank logs) and
 ``prompts``: per prompt ``index``, ``prompt``, ``sequences`` (each distinct ``token_ids`` with its
 ``text`` and the ``ranks`` that produced it), ``answer_ok`` (None when not keyed or not run),
@@ -95,6 +96,33 @@ def summed_calls(results: dict[int, dict]) -> dict[str, dict[str, int]]:
     return dict(sorted(total.items()))
 
 
+def unserved_requests(ops: dict | None, calls: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """The ops whose requested backend (rank 0's ``ops``) is not the default one and served none of
+    their calls on any rank (``calls``: :func:`summed_calls`): ``op``, ``requested``, ``calls`` (per
+    backend that ran them instead; ``{}``: the op never ran) and ``why``. A run that answered
+    right did not exercise these backends."""
+    if not ops or "default_backend" not in ops:
+        return []
+    declined: dict[str, list[str]] = {}
+    for entry in ops.get("call_fallbacks", []):
+        reasons = declined.setdefault(entry["op"], [])
+        if entry["reason"] not in reasons:
+            reasons.append(entry["reason"])
+    found = []
+    for op, entry in ops["ops"].items():
+        requested, ran = entry["requested"], calls.get(op, {})
+        if requested == ops["default_backend"] or ran.get(requested):
+            continue
+        if not ran:
+            why = "the op never ran"
+        elif entry["backend"] != requested:
+            why = f"{requested} unavailable: {entry['reason']}"
+        else:
+            why = f"{requested} declined every call: " + "; ".join(declined.get(op, ["(no reason recorded)"]))
+        found.append({"op": op, "requested": requested, "calls": dict(ran), "why": why})
+    return found
+
+
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
@@ -135,6 +163,7 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
         failure = {**failure, "traceback": own[-1] if own else None, "log_tail": log_tail(texts.get(rank, "")) if rank is not None else None}
 
     first = results[min(results)] if results else None
+    calls = summed_calls(results)
     ops_differ = sorted(r for r, res in results.items() if first is not None and res["ops"]["ops"] != first["ops"]["ops"])
     timings = {
         "wall_s": launch["wall_s"],
@@ -148,7 +177,7 @@ def build(*, header: dict[str, Any], launch: dict[str, Any], prompts: list[str],
         "exit_code": exit_code, "reason": launch["reason"], "world_size": world_size, "device": launch["device"],
         "backend": first["backend"] if first else None, "model": launch["model"], "max_tokens": launch["max_tokens"],
         "versions": first["versions"] if first else None, "ops": first["ops"] if first else None, "ops_differ": ops_differ,
-        "op_calls": summed_calls(results),
+        "op_calls": calls, "unserved": unserved_requests(first["ops"] if first else None, calls),
         "native": first["native"] if first else None, "cuda_graphs": first.get("cuda_graphs") if first else None, "env": launch["env"], "quirks": launch["quirks"],
         "consistent": consistent, "answers": answers, "timings": timings, "ranks": launch["ranks"],
         "failure": failure, "tracebacks": tracebacks, "prompts": entries,

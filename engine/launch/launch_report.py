@@ -48,6 +48,9 @@ def summarize(report: dict, out: Path) -> None:
     scored = f", answers {answers['correct']}/{answers['scored']}" if answers else ""
     say(f"launch: exit {report['exit_code']}{' (' + report['reason'] + ')' if report['reason'] else ''}; "
         f"{report['world_size']} ranks, consistent={report['consistent']}{scored}, wall {report['timings']['wall_s']:.1f} s")
+    for entry in report["unserved"]:
+        ran = ", ".join(f"{n} on {backend}" for backend, n in entry["calls"].items())
+        say(f"launch: note: {entry['op']}={entry['requested']} served no call ({ran + '; ' if ran else ''}{entry['why']})")
     failure = report["failure"]
     if failure and failure.get("traceback"):
         say("launch: rank %s traceback (end):\n  %s" % (failure["rank"], "\n  ".join(failure["traceback"][-6:])))
