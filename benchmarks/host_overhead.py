@@ -1,7 +1,7 @@
 """The host's cost of one eager op call (registry dispatch, argument checks, launch) for the ops
 an eager step calls most: ``gemm.fp8_block``, ``quant.act_quant``, ``norm.rmsnorm`` and
 ``attn.mla_decode``, at a decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
-``python -m benchmarks.host_overhead [--calls N] [--wrappers] [--out FILE] [--no-write]``.
+``python -m benchmarks.host_overhead [--calls N] [--wrappers] [--profile] [--out FILE] [--no-write]``.
 
 Method: the op is called ``--calls`` times back to back with no synchronization, then once
 synchronized; the wall time over the calls is the host's cost per call, provided the GPU runs
@@ -16,6 +16,11 @@ difference is the registry's dispatch. Kernel configurations are the untimed def
 part of the cost this project writes, timed the same way on CPU tensors with every kernel
 launch of the four ops replaced by a call that does nothing; what Triton's launcher adds on a
 GPU is the difference to the rows above.
+
+``--profile`` (prints, writes nothing): instead of timing, each op's Triton call through the
+registry runs ``--calls`` times under :mod:`cProfile`, and the functions with the most own time
+per call are listed (:mod:`benchmarks.call_profile`): on a GPU the whole launch path, with
+``--wrappers`` the wrappers alone.
 """
 
 from __future__ import annotations
@@ -171,6 +176,20 @@ def wrapper_rows(calls: int) -> list[Row]:
     return rows
 
 
+def profile_triton_calls(calls: int, device: str) -> None:
+    """Print where each op's Triton call through the registry spends the host's time."""
+    from kernels import registry
+
+    from .call_profile import format_costs, profile_calls
+
+    for op_name, shape, make in cases(device):
+        op = registry.get(op_name)
+        args, kwargs = make()
+        with backend_requested(op_name, "triton"):
+            total, costs = profile_calls(lambda: op(*args, **kwargs), calls)
+        print(format_costs(f"{op_name} triton {shape} on {device}", total, costs), flush=True)
+
+
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "0"
     backends = harness.usable_backends(BACKENDS, "host_overhead")
@@ -187,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=2000, help="calls per timed loop (default 2000)")
     p.add_argument("--wrappers", action="store_true", help="time the Triton wrappers with launches removed (no GPU needed)")
+    p.add_argument("--profile", action="store_true", help="list where each Triton call's host time goes (cProfile) instead of timing")
     args = p.parse_args(argv)
     if args.calls < 1:
         p.error(f"--calls: expected a positive number, got {args.calls}")
@@ -194,7 +214,19 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["ENGINE_OPS_TUNE"] = "0"
         if harness.no_gpu_reason():  # the Triton backend is eligible without a GPU under the interpreter only
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        harness.print_rows(wrapper_rows(args.calls), "The Triton wrappers' own host cost (launches removed)")
+        if args.profile:
+            with launches_removed():
+                profile_triton_calls(args.calls, "cpu")
+        else:
+            harness.print_rows(wrapper_rows(args.calls), "The Triton wrappers' own host cost (launches removed)")
+        return 0
+    if args.profile:
+        reason = harness.no_gpu_reason()
+        if reason:
+            print(f"host_overhead --profile: {reason}; --wrappers --profile profiles the wrappers on CPU", file=sys.stderr)
+            return 0
+        os.environ["ENGINE_OPS_TUNE"] = "0"
+        profile_triton_calls(args.calls, "cuda")
         return 0
     return harness.run("Host cost of an eager op call", measure, args)
 

@@ -17,7 +17,8 @@
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
-#   profile    python -m benchmarks.profile_decode (where a decode step's time goes)
+#   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
+#              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
 #              default all, at their benchmark shapes; raw metrics in OUT/ncu.jsonl)
 # The vendor backends (deep_gemm, flash_mla: build the extensions first and put their folders on
@@ -131,6 +132,7 @@ want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang-quick "$TLIMIT" $PY -m ke
 want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang "$TLIMIT" $PY -m kernels.ab --full --backend tilelang --json "$OUT/ab-tilelang.json"
 want tilelang-bench && step bench-backends "$TLIMIT" $PY -m benchmarks.backends --out "$OUT/performance.md"
 want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
+want profile && step profile-host 120 $PY -m benchmarks.host_overhead --profile --calls 500
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 
 echo

@@ -86,6 +86,42 @@ def test_host_overhead_wrappers_time_every_op_and_restore_the_kernels(capsys):
     assert (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel) == kernels_before
 
 
+def test_call_profile_names_the_function_that_takes_the_time():
+    from benchmarks.call_profile import format_costs, profile_calls
+
+    def slow_part():
+        return sum(i * i for i in range(2000))
+
+    def call():
+        slow_part()
+        return len("cheap")
+
+    total, costs = profile_calls(call, calls=20, top=5)
+    assert total > 0 and len(costs) == 5 and costs == sorted(costs, key=lambda c: c.us_per_call, reverse=True)
+    # The generator inside slow_part runs 2001 times per call and holds most of the own time.
+    assert "test_benchmarks.py" in costs[0].function and "<genexpr>" in costs[0].function
+    assert costs[0].runs_per_call == 2001
+    assert any(c.function.endswith("(slow_part)") and c.runs_per_call == 1 for c in costs)
+    text = format_costs("call", total, costs)
+    assert text.splitlines()[0] == f"call: {total:.1f} us/call under the profiler" and len(text.splitlines()) == 6
+
+
+def test_host_overhead_profiles_each_wrapper_on_cpu_and_needs_a_gpu_for_the_launch(capsys, monkeypatch):
+    from benchmarks import host_overhead
+
+    for variable in ("TRITON_INTERPRET", "ENGINE_OPS_TUNE"):  # main() sets them; restored after the test
+        monkeypatch.setenv(variable, os.environ.get(variable, "1" if variable == "TRITON_INTERPRET" else "0"))
+
+    assert host_overhead.main(["--wrappers", "--profile", "--calls", "3"]) == 0
+    out = capsys.readouterr().out
+    titles = [line for line in out.splitlines() if line.endswith("us/call under the profiler")]
+    assert [t.split()[0] for t in titles] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode"]
+    assert "triton/gemm.py" in out and "triton/attn.py" in out  # the wrappers' own functions are listed
+    if not torch.cuda.is_available():
+        assert host_overhead.main(["--profile"]) == 0
+        assert "host_overhead --profile: no CUDA device" in capsys.readouterr().err
+
+
 def test_unknown_family_is_refused(capsys):
     assert suite.main(["--only", "ops,warp_drive"]) == 2
     assert "warp_drive" in capsys.readouterr().err
