@@ -14,12 +14,14 @@ ratio to the peer (peer time / our time: above 1 means faster than the peer), no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -94,6 +96,26 @@ def environment() -> dict[str, str]:
 
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+
+
+@contextlib.contextmanager
+def direct_launch(on: bool) -> Iterator[bool]:
+    """Triton kernels launched directly after each key's first call (``ENGINE_OPS_DIRECT_LAUNCH``)
+    or always through Triton, inside the block; yields whether the direct launch is in force
+    (it may be refused here: see :func:`kernels.backend_env.direct_launch_reason`)."""
+    from kernels import backend_env
+
+    previous = os.environ.get("ENGINE_OPS_DIRECT_LAUNCH")
+    os.environ["ENGINE_OPS_DIRECT_LAUNCH"] = "1" if on else "0"
+    backend_env.reset()
+    try:
+        yield backend_env.direct_launch_reason() is None
+    finally:
+        if previous is None:
+            os.environ.pop("ENGINE_OPS_DIRECT_LAUNCH")
+        else:
+            os.environ["ENGINE_OPS_DIRECT_LAUNCH"] = previous
+        backend_env.reset()
 
 
 def median_ms(fn: Callable[[], object], graph: bool = False) -> float:

@@ -10,7 +10,9 @@ the row: where it is the larger, the loop measured the GPU and the row says so).
 five such loops. Each backend of the op that can run here is timed twice: through the registry
 (``op(...)``, what the engine pays) and as the backend's function called directly; the
 difference is the registry's dispatch. Kernel configurations are the untimed defaults
-(``ENGINE_OPS_TUNE=0``).
+(``ENGINE_OPS_TUNE=0``). The Triton backend is timed twice more with its kernels launched
+directly after their first call (``ENGINE_OPS_DIRECT_LAUNCH=1``, :mod:`kernels.triton.launch`),
+where Triton's version allows it.
 
 ``--wrappers`` (no GPU needed; prints, writes nothing): the Triton backend's own Python, the
 part of the cost this project writes, timed the same way on CPU tensors with every kernel
@@ -26,6 +28,7 @@ per call are listed (:mod:`benchmarks.call_profile`): on a GPU the whole launch 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import statistics
@@ -185,9 +188,13 @@ def profile_triton_calls(calls: int, device: str) -> None:
     for op_name, shape, make in cases(device):
         op = registry.get(op_name)
         args, kwargs = make()
-        with backend_requested(op_name, "triton"):
-            total, costs = profile_calls(lambda: op(*args, **kwargs), calls)
-        print(format_costs(f"{op_name} triton {shape} on {device}", total, costs), flush=True)
+        for direct in (False, True):
+            with harness.direct_launch(direct) as in_force, backend_requested(op_name, "triton"):
+                if direct and not in_force:
+                    continue
+                total, costs = profile_calls(lambda: op(*args, **kwargs), calls)
+            launch = "launched directly" if direct else "launched through Triton"
+            print(format_costs(f"{op_name} triton {shape} on {device}, {launch}", total, costs), flush=True)
 
 
 def measure(args) -> list[Row]:
@@ -199,6 +206,11 @@ def measure(args) -> list[Row]:
     for op_name, shape, make in cases():
         for backend in [b for b in backends if b in registry.get(op_name).backends]:
             rows.append(backend_row(op_name, shape, make, backend, args.calls))
+            if backend == "triton":
+                with harness.direct_launch(True) as in_force:
+                    if in_force:
+                        row = backend_row(op_name, shape, make, backend, args.calls)
+                        rows.append(dataclasses.replace(row, benchmark=row.benchmark + ", direct launch"))
     return rows
 
 

@@ -4,7 +4,9 @@ engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--mo
 One request at a time, a fresh random prompt each run (so the prefix cache never hits); the
 time to first token is the wall time of ``generate`` with one new token (prefill, logits,
 sampling), median of three runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
-with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`).
+with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each length runs with
+every Triton kernel launched through Triton, then launched directly after its first call
+(:mod:`kernels.triton.launch`; the second row, where Triton's version allows it).
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ def measure(args) -> list[Row]:
               max_num_batched_tokens=longest + 64)
     rows = []
     for length in LENGTHS:
-        time_to_first_token(llm, length, seed=length)  # compile and tune this prefill's shapes
-        ttft = statistics.median(time_to_first_token(llm, length, seed=length + run + 1) for run in range(RUNS))
-        flops = model.prefill_flops(model.CONFIG, length)
-        rows.append(Row("engine prefill", f"b1 prompt{length}", f"{ttft * 1e3:.1f} ms to first token",
-                        f"{length / ttft:.0f} tok/s", harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
-                        "-", f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))
+        through_triton = None
+        for direct in (False, True):
+            with harness.direct_launch(direct) as in_force:
+                if direct and not in_force:
+                    break
+                time_to_first_token(llm, length, seed=length)  # compile and tune this prefill's shapes
+                ttft = statistics.median(time_to_first_token(llm, length, seed=length + run + 1) for run in range(RUNS))
+            flops = model.prefill_flops(model.CONFIG, length)
+            peer = harness.speedup(ttft, through_triton, "launch through Triton") if direct else "-"
+            rows.append(Row("engine prefill" + (", direct launch" if direct else ""), f"b1 prompt{length}",
+                            f"{ttft * 1e3:.1f} ms to first token", f"{length / ttft:.0f} tok/s",
+                            harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
+                            peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))
+            through_triton = ttft
     return rows
 
 

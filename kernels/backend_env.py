@@ -66,6 +66,28 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip() not in ("", "0")
 
 
+DIRECT_LAUNCH_VERIFIED = ("3.6",)  # Triton major.minor whose launcher :mod:`kernels.triton.launch` calls
+
+
+@functools.lru_cache(maxsize=None)
+def direct_launch_reason() -> str | None:
+    """None when the Triton kernels launch their compiled code directly after the first call of
+    each specialization (:mod:`kernels.triton.launch`; ``ENGINE_OPS_DIRECT_LAUNCH=1``), else why
+    every launch goes through Triton's ``JITFunction.run``."""
+    if os.environ.get("ENGINE_OPS_DIRECT_LAUNCH", "0").strip().lower() not in ("1", "true", "yes", "on"):
+        return "off (ENGINE_OPS_DIRECT_LAUNCH=1 turns it on)"
+    if _triton_import_error():
+        return _triton_import_error()
+    if interpret_mode():
+        return "Triton's interpreter runs the kernels (TRITON_INTERPRET)"
+    import triton
+
+    version = getattr(triton, "__version__", "unknown")
+    if ".".join(version.split(".")[:2]) not in DIRECT_LAUNCH_VERIFIED:
+        return f"Triton {version}: the direct launch is written for Triton {', '.join(DIRECT_LAUNCH_VERIFIED)}"
+    return None
+
+
 def tuning_enabled() -> bool:
     """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
     default one, untimed, so outputs do not depend on timing (reproducible run to run)."""
@@ -240,6 +262,7 @@ def _distribution_of(import_name: str) -> str | None:
 
 
 def reset() -> None:
+    direct_launch_reason.cache_clear()
     _triton_import_error.cache_clear()
     _cuda_available.cache_clear()
     cuda_device.cache_clear()

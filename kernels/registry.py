@@ -271,6 +271,7 @@ def report() -> dict[str, Any]:
     ``call_fallbacks``: calls a resolved backend refused and another backend ran (so far);
     ``calls``: per op, the calls each backend ran so far (``{}``: the op never ran);
     ``tune``: whether kernel configurations may be chosen by timing (``ENGINE_OPS_TUNE``);
+    ``direct_launch``: whether Triton kernels skip ``JITFunction.run`` after their first call, and why not;
     ``perturbed``: the test-only perturbations in force (:mod:`kernels.perturb`; normally empty).
     """
     entries: dict[str, dict[str, Any]] = {}
@@ -295,6 +296,7 @@ def report() -> dict[str, Any]:
         "call_fallbacks": [entry for op in ops().values() for entry in op.call_fallbacks()],
         "calls": {name: dict(sorted(op.calls.items())) for name, op in ops().items()},
         "tune": backend_env.tuning_enabled(),
+        "direct_launch": {"enabled": backend_env.direct_launch_reason() is None, "reason": backend_env.direct_launch_reason()},
         "perturbed": perturb.active(),
     }
 

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..ops.quant import BLOCK, FP8
 from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, rows_per_program, silu_f32
+from .launch import direct
 from .quant import quantize_groups
 
 
@@ -24,6 +25,7 @@ def _swiglu_f32(gate_ptrs, inter, mask, DTYPE: tl.constexpr, USE_LIBDEVICE: tl.c
     return round_to_dtype(silu_f32(gate, USE_LIBDEVICE) * up, DTYPE)
 
 
+@direct
 @triton.jit
 def _swiglu_kernel(x_ptr, y_ptr, n_rows, inter, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
                    USE_LIBDEVICE: tl.constexpr):
@@ -35,6 +37,7 @@ def _swiglu_kernel(x_ptr, y_ptr, n_rows, inter, ROWS: tl.constexpr, BLOCK_C: tl.
     tl.store(y_ptr + rows[:, None] * inter + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@direct
 @triton.jit
 def _swiglu_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, inter, GROUP: tl.constexpr,
                          GROUP_BLOCK: tl.constexpr, GROUPS: tl.constexpr, UE8M0: tl.constexpr,

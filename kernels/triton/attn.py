@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ..ops.quant import FP8
 from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
+from .launch import direct
 
 _LOG2E = math.log2(math.e)
 # tl.dot needs every dimension >= 16 on the GPU.
@@ -107,6 +108,7 @@ def _prefill_block(acc, m_i, l_i, q, q_tail, k_ptrs, k_tail_ptrs, v_ptrs, start,
     return acc, m_new, l_i
 
 
+@direct
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, qk_scale, stride_qt, stride_qh, stride_kt,
                     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, DQK: tl.constexpr, DV: tl.constexpr,
@@ -261,6 +263,7 @@ def _decode_block(acc, m_i, l_i, q, q_pe, cache_ptr, scale_ptr, table_row, start
     return acc, m_new, l_i
 
 
+@direct
 @triton.jit
 def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, part_o_ptr, part_lse_ptr, n_heads,
                    qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh,
@@ -310,6 +313,7 @@ def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, par
         tl.store(part_o_ptr + part[:, None] * RANK + r[None, :], out, mask=h_ok[:, None] & r_ok[None, :])
 
 
+@direct
 @triton.jit
 def _merge_kernel(part_o_ptr, part_lse_ptr, o_ptr, n_heads, stride_ob, stride_oh, RANK: tl.constexpr,
                   BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):

@@ -37,6 +37,7 @@ from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .attn import dot_f32
 from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, silu_f32
+from .launch import direct
 from .quant import act_quant, quantize_groups
 
 
@@ -63,6 +64,7 @@ def _expert_ids(ids_ptr, idx, n_pairs, n_experts, DUMP: tl.constexpr):
     return tl.where((ids >= 0) & (ids < n_experts), ids, DUMP)
 
 
+@direct
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, starts_ptr, counts_ptr, n_pairs, n_experts, BLOCK_M: tl.constexpr,
                   BINS: tl.constexpr, CHUNK: tl.constexpr, COMPILED: tl.constexpr):
@@ -124,6 +126,7 @@ def _block_rows(starts_ptr, counts_ptr, sorted_ptr, n_experts, BLOCK_M: tl.const
 # ----------------------------------------------------------------------------- GEMMs
 
 
+@direct
 @triton.jit
 def _gate_up_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, counts_ptr, act_ptr, act_s_ptr,
                     n_experts, stride_we, stride_wse, stride_wsn, D: tl.constexpr, INTER: tl.constexpr,
@@ -178,6 +181,7 @@ def _gate_up_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr
         tl.store(act_ptr + out_rows + n[None, :], act.to(x_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
+@direct
 @triton.jit
 def _down_kernel(act_ptr, act_s_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, counts_ptr, weights_ptr, out_ptr,
                  n_experts, stride_we, stride_wse, stride_wsn, D: tl.constexpr, INTER: tl.constexpr,
@@ -211,6 +215,7 @@ def _down_kernel(act_ptr, act_s_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, coun
     tl.store(out_ptrs, acc * weight[:, None], mask=row_ok[:, None] & n_ok[None, :])
 
 
+@direct
 @triton.jit
 def _sum_topk_kernel(pair_out_ptr, ids_ptr, y_ptr, n_experts, D: tl.constexpr, TOP_K: tl.constexpr,
                      BLOCK_D: tl.constexpr):

@@ -26,6 +26,7 @@ import triton.language as tl
 from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import cdiv, next_power_of_2, num_sms, round_to_dtype
+from .launch import direct
 
 # Fewer K blocks than this per split would leave each program too little work to pipeline.
 _MIN_K_BLOCKS_PER_SPLIT = 4
@@ -44,6 +45,7 @@ class Config:
     group_m: int = 8
 
 
+@direct
 @triton.jit
 def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
                      stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
@@ -101,6 +103,7 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, strid
         tl.store(c_ptrs, acc, mask=mask)
 
 
+@direct
 @triton.jit
 def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
 from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
+from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -28,6 +29,7 @@ def _fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
     return fp8e4m3_bits(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), HARDWARE_CAST)
 
 
+@direct
 @triton.jit
 def _store_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_latent, stride_rope,
                   RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import compiled_for_gpu, next_power_of_2, sigmoid_f32
+from .launch import direct
 
 _TAKEN = tl.constexpr(-(2**63))  # below the key of every real score, -inf included
 
@@ -24,6 +25,7 @@ def _keys(value, index):
     return (ordered.to(tl.int64) << 32) + (0xFFFFFFFF - index.to(tl.int64))
 
 
+@direct
 @triton.jit
 def _gate_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, stride_t, scaling, N_GROUP: tl.constexpr,
                  PER_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,

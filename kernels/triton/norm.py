@@ -9,8 +9,10 @@ import triton
 import triton.language as tl
 
 from .common import next_power_of_2
+from .launch import direct
 
 
+@direct
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, x_row_stride, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):

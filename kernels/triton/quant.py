@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX, check_act_quant_args
 from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
+from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -33,6 +34,7 @@ def quantize_groups(x, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr):
     return fp8e4m3_bits(q, HARDWARE_CAST), scale
 
 
+@direct
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUP_BLOCK: tl.constexpr,
                       GROUPS: tl.constexpr, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr):
@@ -64,6 +66,7 @@ def act_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = 
     return q, s
 
 
+@direct
 @triton.jit
 def _weight_dequant_kernel(w_ptr, s_ptr, y_ptr, n, k, stride_s, SCALE_BLOCK: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

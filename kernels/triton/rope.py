@@ -11,8 +11,10 @@ import triton
 import triton.language as tl
 
 from .common import cdiv, next_power_of_2, rows_per_program
+from .launch import direct
 
 
+@direct
 @triton.jit
 def _rope_kernel(x_ptr, pos_ptr, cache_ptr, y_ptr, n_rows, rows_per_token, stride_xt, stride_xr,
                  stride_cache, D: tl.constexpr, HALF_BLOCK: tl.constexpr, ROWS: tl.constexpr,

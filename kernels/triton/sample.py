@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..ops import sample as ref
 from .common import cdiv, next_power_of_2
+from .launch import direct
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))
@@ -176,6 +177,7 @@ def _gumbel_argmax(row_ptr, vocab, inv_t, seed, step, keep_from,
     return tl.min(tl.where(best == tl.max(best, axis=0), best_idx, vocab), axis=0)
 
 
+@direct
 @triton.jit
 def _sample_kernel(logits_ptr, row_stride, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, step_ptr,
                    token_ptr, logprob_ptr, vocab, KEY_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
