@@ -167,7 +167,8 @@ def test_every_gemm_tile_shape_and_split_k_matches_reference():
     a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
     b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
     configs = {Config(16, 64, 1, 4, 3), Config(16, 64, 2, 4, 3), Config(32, 128, 4, 4, 3),
-               Config(128, 128, 1, 8, 3), Config(64, 256, 1, 8, 3)}
+               Config(128, 128, 1, 8, 3), Config(64, 256, 1, 8, 3), Config(32, 64, 1, 4, 3, tma=True),
+               Config(64, 256, 1, 8, 3, tma=True)}
     assert any(c.split_k > 1 for c in candidates(1, 2112, 7168, 132)), "decode candidates must split K"
     assert all(c.split_k == 1 for c in candidates(4096, 2112, 7168, 132)), "prefill never splits K"
     for out_dtype in (torch.float32, torch.bfloat16):
@@ -176,6 +177,34 @@ def test_every_gemm_tile_shape_and_split_k_matches_reference():
             out = launch(a, sa, b, sb, out_dtype, config)
             tol = tolerance_for(out_dtype, registry.get("gemm.fp8_block").tolerances)
             assert (out.float() - ref.float()).abs().max() <= tol.atol + tol.rtol * ref.float().abs().max(), config
+
+
+def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
+    """Prefill shapes load their tiles through TMA descriptors where the operands allow it: the
+    same products and sums in the same order, so the same bits; an operand starting off a 16-byte
+    boundary keeps the pointer loads."""
+    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from kernels.triton import gemm
+    from kernels.triton.gemm import Config, choose_config, launch
+
+    gen = generator(12)
+    m, n, k = 300, 200, 384  # M and N tails against 64- and 128-wide tiles
+    a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
+    b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
+    for bm, bn in ((64, 64), (128, 128), (64, 256)):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            pointer = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3))
+            through_tma = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True))
+            assert torch.equal(pointer, through_tma), (bm, bn, out_dtype)
+    if gemm.has_tma(a.device):
+        assert choose_config(a, sa, b, sb, torch.bfloat16).tma, "prefill shapes default to TMA where it runs"
+        assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "M <= 256 keeps the pointer loads"
+    shifted = torch.empty(m * k + 1, dtype=a.dtype, device=DEVICE)[1:].view(m, k)
+    shifted.copy_(a)
+    assert not gemm.tma_usable(shifted, b) and not choose_config(shifted, sa, b, sb, torch.bfloat16).tma
+    assert torch.equal(gemm.fp8_block(shifted, sa, b, sb), gemm.fp8_block(a, sa, b, sb))
+    with pytest.raises(ValueError, match="needs TMA on the device, aligned operands and no K split"):
+        launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
 
 
 def test_gemm_rejects_a_split_that_does_not_divide_k():

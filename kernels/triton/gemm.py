@@ -6,6 +6,12 @@ Each program computes a BLOCK_M x BLOCK_N tile over 128-wide K blocks (the scale
 across programs; the partial tiles then go to an fp32 workspace that a second kernel sums in a
 fixed order, so for a given configuration results never depend on scheduling.
 
+Prefill configurations (M above 256) load the A and B tiles through TMA tensor descriptors where
+the device has TMA (compute capability 9.x and later; Triton's interpreter runs them too) and
+both operands start 16-byte aligned: the same products and sums in the same order as the
+pointer loads (rows past M and columns past N read as zeros instead of wrapped rows, and are
+never stored), so the two give the same bits.
+
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
 small candidate set on the GPU (decode shapes: narrow tiles and split-K; prefill: 128x128 tiles,
 8 warps, 3-5 stages). Under ``TRITON_INTERPRET=1``, while a CUDA graph is being captured, or
@@ -23,7 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend_env import tuning_enabled
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: no TMA configurations
+    TensorDescriptor = None
+
+from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import cdiv, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
@@ -43,6 +54,7 @@ class Config:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
 
 
 @direct
@@ -105,6 +117,47 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, strid
 
 @direct
 @triton.jit
+def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn, stride_cm,
+                         K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    # The pointer kernel's tile order and scaling, without K splits; A and B tiles come from
+    # TMA descriptors (zeros past the edges).
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_rows = tl.minimum(tiles_m - (pid // (GROUP_M * tiles_n)) * GROUP_M, GROUP_M)
+    pid_m = (pid // (GROUP_M * tiles_n)) * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    as_ptrs = as_ptr + offs_m * stride_asm
+    ONE_B_SCALE: tl.constexpr = BLOCK_N <= BLOCK_K
+    if ONE_B_SCALE:
+        bs_ptrs = bs_ptr + (pid_n * BLOCK_N // BLOCK_K) * stride_bsn
+    else:
+        bs_ptrs = bs_ptr + (offs_n // BLOCK_K) * stride_bsn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(K_BLOCKS):
+        a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+        a_scale = tl.load(as_ptrs)
+        b_scale = tl.load(bs_ptrs)
+        if ONE_B_SCALE:
+            acc += tl.dot(a, b.T) * (a_scale * b_scale)[:, None]
+        else:
+            acc += tl.dot(a, b.T) * (a_scale[:, None] * b_scale[None, :])
+        as_ptrs += stride_ask
+        bs_ptrs += 1
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :]
+    out = round_to_dtype(acc, c_ptr.dtype.element_ty)
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@direct
+@triton.jit
 def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -130,8 +183,24 @@ def _split_for(tiles: int, k_blocks: int, num_sms: int) -> int:
     return split
 
 
-def candidates(m: int, n: int, k: int, num_sms: int) -> list[Config]:
-    """The configurations worth timing for this shape; the first is the untimed default."""
+def has_tma(device: torch.device) -> bool:
+    """Whether GEMM tiles can be loaded through TMA descriptors on ``device`` (a GPU of compute
+    capability 9.x or later; on CPU, Triton's interpreter emulates them) with this Triton."""
+    if TensorDescriptor is None:
+        return False
+    if device.type == "cuda":
+        return _cuda_capability(device) >= 9
+    return interpret_mode()
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[Config]:
+    """The configurations worth timing for this shape; the first is the untimed default. With
+    ``tma``, prefill shapes (M above 256) also get each tile through TMA descriptors, first."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
         tiles = [(min(bucket, 64), 64, 4, 4), (min(bucket, 64), 128, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)]
@@ -147,13 +216,22 @@ def candidates(m: int, n: int, k: int, num_sms: int) -> list[Config]:
             config = Config(bm, bn, s, warps, stages)
             if config not in configs:
                 configs.append(config)
+    if tma and bucket > 256:
+        configs = [Config(c.block_m, c.block_n, 1, c.num_warps, c.num_stages, c.group_m, tma=True) for c in configs] + configs
     return configs
 
 
 @functools.lru_cache(maxsize=4096)
-def default_config(m: int, n: int, k: int, num_sms: int) -> Config:
+def default_config(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> Config:
     """The untimed default configuration of a shape (its first candidate), computed once."""
-    return candidates(m, n, k, num_sms)[0]
+    return candidates(m, n, k, num_sms, tma)[0]
+
+
+def tma_usable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether this call's operands can be read through TMA descriptors: a device with TMA, both
+    operands contiguous from a 16-byte-aligned address (K, a multiple of 128, keeps every row
+    aligned)."""
+    return has_tma(a.device) and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
 def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> torch.Tensor:
@@ -168,6 +246,17 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     split = config.split_k
     if (k // BLOCK) % split:
         raise ValueError(f"gemm.fp8_block: split_k={split} does not divide the {k // BLOCK} K blocks")
+    if config.tma:
+        if split != 1 or not tma_usable(a, b):
+            raise ValueError(f"gemm.fp8_block: {config} needs TMA on the device, aligned operands and no K split")
+        a_desc = TensorDescriptor(a, [m, k], [k, 1], [config.block_m, BLOCK])
+        b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
+        _fp8_gemm_tma_kernel[(cdiv(m, config.block_m) * cdiv(n, config.block_n),)](
+            a_desc, a_scale, b_desc, b_scale, out, m, n, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), n,
+            K_BLOCKS=k // BLOCK, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, GROUP_M=config.group_m,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return out
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
     grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), split)
     _fp8_gemm_kernel[grid](
@@ -188,14 +277,15 @@ def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
     """The tuned configuration for this call's shape (timing the candidates on first use)."""
     m, k = a.shape
     n = b.shape[0]
-    key = (m_bucket(m), n, k, out_dtype, a.device)
+    tma = m_bucket(m) > 256 and tma_usable(a, b)
+    key = (m_bucket(m), n, k, out_dtype, a.device, tma)
     tuned = _TUNED.get(key)
     if tuned is not None:
         return tuned
     sms = num_sms(a.device)
     if a.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
-        return default_config(m, n, k, sms)
-    configs = candidates(m, n, k, sms)
+        return default_config(m, n, k, sms, tma)
+    configs = candidates(m, n, k, sms, tma)
     timings, last_error = [], None
     for config in configs:
         try:
