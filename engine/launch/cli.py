@@ -12,17 +12,23 @@ from .resolve import UsageError
 EXIT_USAGE = 2
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (default: the bundled tiny checkpoint) and ``--device`` (auto, cpu or cuda), as
+    the launcher, the replay and the blame take them."""
+    parser.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when torch sees a GPU")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.launch", description="Run N engine ranks with expert parallelism "
                                      "and write the e2e report.")
     parser.add_argument("--out", type=Path, required=True, help="folder for rank<i>.log, tokens.jsonl and report.json")
     parser.add_argument("--world-size", type=int, help="number of ranks (default: the GPUs, or 8 on CPU)")
-    parser.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
+    add_model_arguments(parser)
     parser.add_argument("--prompts", type=Path, help="prompt file (default: the prompts of the model's answer_key.json)")
     parser.add_argument("--answer-key", type=Path, help="answer key to score with (default: the model's answer_key.json, if any)")
     parser.add_argument("--max-prompts", type=int, help="only the first N prompts (default: all)")
     parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default: the answer key's, else 32)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when torch sees a GPU")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")

@@ -23,8 +23,8 @@ from common.clock import utc_now
 from common.files import file_sha256
 from common.token_diff import TokenFileError, read_generations
 
+from ..launch.cli import add_model_arguments
 from ..launch.console import say
-from ..tiny import CHECKPOINT_DIR
 
 EXIT_USAGE = 2
 
@@ -43,8 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=Path, required=True, help="the reference run's tokens.jsonl")
     p.add_argument("--out", type=Path, required=True, help="folder for replay.jsonl, hidden.safetensors and report.json")
-    p.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_model_arguments(p)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--prompts", type=int, help="replay the first N prompts (default: all)")
     p.add_argument("--positions", type=int, default=8, help="positions per prompt whose hidden states are kept (default 8)")

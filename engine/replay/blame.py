@@ -34,8 +34,8 @@ from common.clock import utc_now
 from common.files import file_sha256, to_json, write_text
 from common.token_diff import Generation
 
+from ..launch.cli import add_model_arguments
 from ..launch.console import say
-from ..tiny import CHECKPOINT_DIR
 
 CLEAN, BLAMED, UNEXPLAINED = "clean", "blamed", "unexplained"
 EXIT_USAGE = 2
@@ -176,8 +176,7 @@ def parser() -> argparse.ArgumentParser:
                                 "replay differ from the reference image's")
     p.add_argument("--reference-replay", type=Path, required=True, help="the reference image's replay folder")
     p.add_argument("--out", type=Path, required=True, help="folder for report.json")
-    p.add_argument("--model", default=str(CHECKPOINT_DIR), help="checkpoint directory (default: the bundled tiny checkpoint)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_model_arguments(p)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the reference replay's")
     p.add_argument("--layer-tolerance", type=float, help="largest relative error of a layer (default: by dtype)")
     p.add_argument("--logprob-tolerance", type=float, help="largest |delta logprob| (default: by dtype)")
