@@ -57,18 +57,25 @@ class Config:
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
 
 
+@triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program ``pid``'s (row tile, column tile) in grouped order: GROUP_M row tiles share each
+    B column tile while it is in L2."""
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_rows = tl.minimum(tiles_m - (pid // (GROUP_M * tiles_n)) * GROUP_M, GROUP_M)
+    pid_m = (pid // (GROUP_M * tiles_n)) * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+    return pid_m, pid_n
+
+
 @direct
 @triton.jit
 def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
                      stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # Grouped tile order: GROUP_M row-tiles share each B column-tile while it is in L2.
-    pid, pid_k = tl.program_id(0), tl.program_id(1)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group_rows = tl.minimum(tiles_m - (pid // (GROUP_M * tiles_n)) * GROUP_M, GROUP_M)
-    pid_m = (pid // (GROUP_M * tiles_n)) * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
 
     # Out-of-range rows/columns are wrapped onto valid ones for the loads (no masks in the
     # loop) and dropped at the store.
@@ -122,12 +129,7 @@ def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm
                          GROUP_M: tl.constexpr):
     # The pointer kernel's tile order and scaling, without K splits; A and B tiles come from
     # TMA descriptors (zeros past the edges).
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group_rows = tl.minimum(tiles_m - (pid // (GROUP_M * tiles_n)) * GROUP_M, GROUP_M)
-    pid_m = (pid // (GROUP_M * tiles_n)) * GROUP_M + (pid % (GROUP_M * tiles_n)) % group_rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
-
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     as_ptrs = as_ptr + offs_m * stride_asm
