@@ -117,16 +117,23 @@ def test_flash_mla_in_a_cuda_graph_follows_new_context_lengths(monkeypatch):
     decode_in_a_graph_follows_new_context_lengths(64)
 
 
-def test_flash_mla_declines_what_it_cannot_read_and_triton_serves_it(monkeypatch):
-    require("flash_mla", monkeypatch, "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
+def declined_decodes_give_tritons_output(block_size: int, seed: int, dtype: torch.dtype) -> list[str]:
+    """Two ``attn.mla_decode`` calls the requested backend declines, each bitwise equal to Triton's
+    output: one on ``decode_operands(4, 16, block_size, 500, seed, dtype)``, one with an FP8
+    cache (bf16 queries); the reasons the registry recorded, in order."""
     triton_decode = attn.mla_decode.load("triton")
     scale = 192 ** -0.5
-    q, cache, tables, lens = decode_operands(4, 16, 16, 500, seed=9)  # the engine's default block size
+    q, cache, tables, lens = decode_operands(4, 16, block_size, 500, seed=seed, dtype=dtype)
     assert torch.equal(attn.mla_decode(q, cache, tables, lens, scale, 512), triton_decode(q, cache, tables, lens, scale, 512))
     q, cache, tables, lens = decode_operands(4, 16, 64, 500, seed=10, dtype=torch.float32)
     fp8_cache, kv_scale = cache.to(torch.float8_e4m3fn), torch.rand(cache.shape[:2], device="cuda") * 0.1 + 0.01
     q = q.bfloat16()
     out = attn.mla_decode(q, fp8_cache, tables, lens, scale, 512, kv_scale=kv_scale)
     assert torch.equal(out, triton_decode(q, fp8_cache, tables, lens, scale, 512, kv_scale=kv_scale))
-    reasons = [e["reason"] for e in kernels.report()["call_fallbacks"]]
+    return [e["reason"] for e in kernels.report()["call_fallbacks"]]
+
+
+def test_flash_mla_declines_what_it_cannot_read_and_triton_serves_it(monkeypatch):
+    require("flash_mla", monkeypatch, "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE")
+    reasons = declined_decodes_give_tritons_output(16, 9, torch.bfloat16)  # the engine's default block size
     assert len(reasons) == 2 and "64-slot pages" in reasons[0] and "656-byte" in reasons[1]
