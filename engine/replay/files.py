@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from common.files import JsonFileError, load_jsonl_objects, read_json, to_json, write_bytes, write_text
 
 from . import PromptReplay
