@@ -20,9 +20,15 @@ from ..backend_env import interpret_mode
 MIN_PROGRAMS = 2 * 132
 
 
+# Whether this process's kernels are compiled for a GPU or run by Triton's interpreter is fixed
+# when their @triton.jit functions are created, at import; read once, not on every launch.
+_COMPILED_FOR_GPU = not interpret_mode()
+
+
 def compiled_for_gpu() -> bool:
-    """True when kernels are compiled for a GPU (libdevice exists), False under the interpreter."""
-    return not interpret_mode()
+    """True when kernels are compiled for a GPU (libdevice exists), False under the interpreter
+    (as ``TRITON_INTERPRET`` was when the kernels were created)."""
+    return _COMPILED_FOR_GPU
 
 
 def cdiv(a: int, b: int) -> int:
@@ -46,6 +52,7 @@ def num_sms(device: torch.device) -> int:
     return 132
 
 
+@functools.lru_cache(maxsize=4096)
 def rows_per_program(n_rows: int, row_elems: int, target_elems: int = 4096) -> int:
     """Power-of-two rows per program: about ``target_elems`` elements each, but fewer rows
     when that would leave fewer than :data:`MIN_PROGRAMS` programs."""
