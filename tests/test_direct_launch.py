@@ -55,7 +55,8 @@ def test_keys_are_at_least_as_fine_as_tritons_specialization():
     assert argument_key(2**31 + 1, False) != argument_key(2**31 - 1, False)  # i64 against i32
     aligned, misaligned = tensors()[0], tensors()[1]
     assert argument_key(aligned, False) != argument_key(misaligned, False)
-    assert argument_key(7, True) == ("c", 7) != argument_key(8, True)
+    assert argument_key(7, True) == ("c", int, 7) != argument_key(8, True)
+    assert len({argument_key(v, True) for v in (1, True, 1.0)}) == 3
     with pytest.raises(TypeError):
         argument_key([1, 2], False)  # not keyed: such a call goes through Triton
 
@@ -76,6 +77,7 @@ def test_bound_values_are_what_tritons_binder_passes_the_launcher():
         assert len(values) == len(bound) and all(v is b for v, b in zip(values, bound.values()))
         assert options == tuple(sorted(extra.items()))
     assert direct.bind((x, y), {"n_rows": 1}) is None  # a missing argument: Triton raises its own error
+    assert direct.bind((x, y, 5, 0.5, True, None, 64, 3, None, "extra"), {}) is None  # and too many
 
 
 class FakeCompiled:

@@ -43,7 +43,7 @@ def argument_key(value: Any, constexpr: bool) -> Any:
     an argument this module does not key (the call then goes through Triton)."""
     if constexpr:
         hash(value)
-        return ("c", value)
+        return ("c", type(value), value)  # the type too: True == 1 == 1.0 in Python
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.data_ptr() % 16 == 0)
     if isinstance(value, bool):
@@ -97,6 +97,8 @@ class DirectLaunch(KernelInterface):
     def bind(self, args: tuple, kwargs: dict) -> tuple[list, tuple] | None:
         """Every parameter's value in signature order (given, else its default) and the launch
         options (keyword arguments that are not parameters); None when one has no value."""
+        if len(args) > len(self.names):
+            return None
         values = list(args)
         for name in self.names[len(args):]:
             if name in kwargs:
