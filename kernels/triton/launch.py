@@ -26,6 +26,11 @@ import torch
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction, KernelInterface
 
+try:
+    from triton import knobs
+except ImportError:  # Triton before 3.4 (no knobs): the direct launch is refused for it anyway
+    knobs = None
+
 from ..backend_env import direct_launch_reason
 
 _I32, _I64, _U64 = 0, 1, 2
@@ -114,8 +119,6 @@ class DirectLaunch(KernelInterface):
 def _launch_hooked() -> bool:
     """Whether a launch hook is installed (Triton 3.6 keeps an empty ``HookChain`` when none is;
     Triton's own launch then still builds the launch metadata and calls both chains)."""
-    from triton import knobs
-
     return any(hook is not None and bool(getattr(hook, "calls", True))
                for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
