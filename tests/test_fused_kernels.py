@@ -189,6 +189,32 @@ def test_decode_split_count_depends_on_shapes_only():
         assert programs * n <= max(2 * sms, programs)
 
 
+def test_every_decode_configuration_computes_the_same_attention():
+    """The sweep's alternatives (more heads per program, other row blocks) against the reference,
+    with head counts that leave a partial head block and contexts that end mid-block."""
+    candidates = attn.decode_candidates(torch.float32)
+    assert candidates[0] == attn.decode_config(torch.float32) and len(set(candidates)) == len(candidates)
+    assert all(c.block_h % 16 == 0 and c.block_n % 16 == 0 for c in candidates)
+    args = decode_inputs(12, 3, 40, 32, 16, 30, 8, 7)
+    ref = mla_decode_reference(*args)
+    for config in (attn.DecodeConfig(32, 16, 4, 1), attn.DecodeConfig(64, 32, 8, 1)):
+        for splits in (1, 3):
+            out = attn.mla_decode_splits(*args, None, splits, config)
+            assert rel_err(out, ref) <= 2e-5, (config, splits)
+    # The split count follows the heads per program: fewer programs, more splits.
+    assert attn.decode_splits(4, 128, 8192, 132, 64) >= attn.decode_splits(4, 128, 8192, 132, 16)
+
+
+def test_the_decode_sweep_needs_a_gpu_and_a_positive_count(capsys):
+    from benchmarks import mla_sweep
+
+    if not torch.cuda.is_available():
+        assert mla_sweep.main([]) == 0 and "mla_sweep: no CUDA device: nothing to time" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        mla_sweep.main(["--top", "0"])
+    assert info.value.code == 2 and "--top: expected a positive number, got 0" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache
 
 

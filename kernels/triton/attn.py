@@ -28,6 +28,7 @@ multiplies bf16 tensors as their raw integer bits); :func:`probs_to` rounds to n
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -332,11 +333,11 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, o_ptr, n_heads, stride_ob, stride_oh
     tl.store(o_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + r, round_to_dtype(out, o_ty).to(o_ty), mask=r < RANK)
 
 
-def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int) -> int:
+def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block_h: int = _DECODE_HEADS) -> int:
     """The fixed split count for a launch shape: as many as keep all programs within two per SM
     (one wave: a second, partial wave would double the time for a few programs), but no split
     shorter than ``_MIN_SPLIT_TOKENS`` of the block table's width ``table_tokens``."""
-    programs = max(1, batch * cdiv(heads, _DECODE_HEADS))
+    programs = max(1, batch * cdiv(heads, block_h))
     return max(1, min(_MAX_SPLITS, 2 * num_sms // programs, cdiv(table_tokens, _MIN_SPLIT_TOKENS)))
 
 
@@ -348,8 +349,10 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tens
 
 
 def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                      softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None, splits: int) -> torch.Tensor:
-    """:func:`mla_decode` with an explicit split count (>= 1)."""
+                      softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None, splits: int,
+                      config: DecodeConfig | None = None) -> torch.Tensor:
+    """:func:`mla_decode` with an explicit split count (>= 1) and launch configuration (default:
+    :func:`decode_config`)."""
     fp8 = kv_cache.dtype == FP8
     _validate_decode(q, kv_cache, block_tables, context_lens, kv_lora_rank, kv_scale, fp8, splits)
     batch, heads, width = q.shape
@@ -363,14 +366,14 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     else:
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
-    block_n, warps, stages = _decode_config(q.dtype)
-    grid = (cdiv(heads, _DECODE_HEADS), splits, batch)
+    config = config or decode_config(q.dtype)
+    grid = (cdiv(heads, config.block_h), splits, batch)
     _decode_kernel[grid](
         q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
         softmax_scale * _LOG2E, q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), PAGE=kv_cache.shape[1], RANK=kv_lora_rank, ROPE=rope, BLOCK_R=block_r,
-        BLOCK_D=_pow2_tile(rope), BLOCK_H=_DECODE_HEADS, BLOCK_N=block_n, SPLITS=splits, FP8_CACHE=fp8,
-        COMPILED=compiled_for_gpu(), num_warps=warps, num_stages=stages,
+        BLOCK_D=_pow2_tile(rope), BLOCK_H=config.block_h, BLOCK_N=config.block_n, SPLITS=splits, FP8_CACHE=fp8,
+        COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
@@ -378,14 +381,36 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     return out
 
 
-def _decode_config(dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(BLOCK_N, warps, stages)``. Compiled for sm_90 at R 512 + 64, 16 heads: 32 rows, 4 warps, 3
-    stages (in one H200 sweep at 32 sequences x 8192 tokens and 8 splits: 1.2x faster than 8 warps
-    with a bf16 cache, 1.5x with an FP8 cache; 16 or 64 rows and 2 warps were slower); fp32 (IEEE
-    dots) takes 16 rows."""
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One launch configuration of the decode kernel: heads per program (a multiple of 16, the
+    tensor cores' smallest M), cache rows per block, warps, pipeline stages."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(dtype: torch.dtype) -> DecodeConfig:
+    """The configuration every decode call uses. Compiled for sm_90 at R 512 + 64: 16 heads, 32
+    rows, 4 warps, 3 stages (in one H200 sweep at 32 sequences x 8192 tokens and 8 splits: 1.2x
+    faster than 8 warps with a bf16 cache, 1.5x with an FP8 cache; 16 or 64 rows and 2 warps were
+    slower); fp32 (IEEE dots) takes 16 rows."""
     if not compiled_for_gpu():
-        return 16, 4, 1
-    return (16, 8, 2) if dtype == torch.float32 else (32, 4, 3)
+        return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
+    if dtype == torch.float32:
+        return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
+    return DecodeConfig(_DECODE_HEADS, 32, 4, 3)
+
+
+def decode_candidates(dtype: torch.dtype) -> list[DecodeConfig]:
+    """:func:`decode_config` first, then the alternatives ``benchmarks.mla_sweep`` times: more
+    heads per program (fewer re-reads of each cache row when there are many heads, fuller
+    tensor-core tiles), other row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
+    default = decode_config(dtype)
+    others = [DecodeConfig(h, n, w, st) for h in (16, 32, 64) for n in (16, 32) for w in (4, 8) for st in (2, 3)]
+    return [default] + [c for c in others if c != default]
 
 
 def _validate_decode(q, kv_cache, block_tables, context_lens, rank, kv_scale, fp8: bool, splits: int) -> None:

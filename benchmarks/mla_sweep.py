@@ -1,0 +1,106 @@
+"""The Triton decode kernel's launch configurations side by side, to choose its defaults.
+``python -m benchmarks.mla_sweep [--top N]`` (prints, writes nothing).
+
+At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 and with an FP8
+cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
+:func:`kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
+stages) runs with the split count :func:`~kernels.triton.attn.decode_splits` gives its heads per
+program, is checked against the reference with the op's tolerance, and is timed (median of
+``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
+the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
+shared memory) is a row with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from . import harness
+from .harness import Row
+from .ops import decode_bytes, decode_flops, decode_inputs
+
+SHAPES = ((32, 16, 8192, False), (32, 16, 8192, True), (32, 128, 4096, False))  # batch, heads, context, FP8 cache
+PAGE = 64
+
+
+def candidate_row(label: str, make_args, config, splits: int, reference: torch.Tensor, tolerance, bytes_moved: int,
+                  flops: float) -> tuple[float, Row]:
+    """``(ms, row)`` of one configuration; ``ms`` is infinite when it failed or was wrong."""
+    from kernels.triton.attn import mla_decode_splits
+
+    (q, cache, tables, lens, scale, rank), kwargs = make_args
+    name = f"mla_decode h{config.block_h} n{config.block_n} w{config.num_warps} s{config.num_stages}"
+    try:
+        run = lambda: mla_decode_splits(q, cache, tables, lens, scale, rank, kwargs.get("kv_scale"), splits, config)  # noqa: E731
+        out = run()
+        error = (out.float() - reference.float()).abs().max().item()
+        if error > tolerance.atol + tolerance.rtol * reference.float().abs().max().item():
+            return float("inf"), Row(name, label, "-", "-", "-", "-", f"wrong: max |out - ref| {error:.3g}")
+        ms = harness.median_ms(run)
+    except Exception as exc:  # noqa: BLE001 - a configuration the compiler rejects is a row
+        return float("inf"), Row(name, label, "-", "-", "-", "-", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    if flops:
+        ceiling = harness.bf16_gemm_flops()
+        rate = harness.percent(flops / (ms * 1e-3), ceiling, f"cuBLAS bf16 {ceiling / 1e12:.0f} TFLOP/s")
+        throughput = f"{harness.tflop_s(flops, ms):.0f} TFLOP/s"
+    else:
+        ceiling = harness.copy_bandwidth()
+        rate = harness.percent(bytes_moved / (ms * 1e-3), ceiling, f"copy {ceiling / 1e12:.2f} TB/s")
+        throughput = f"{harness.tb_s(bytes_moved, ms):.2f} TB/s"
+    return ms, Row(name, label, f"{ms:.4f} ms", throughput, rate, "-", f"{splits} splits")
+
+
+def measure(args) -> list[Row]:
+    from kernels import registry
+    from kernels.tolerance import tolerance_for
+    from kernels.triton.attn import decode_candidates, decode_splits
+    from kernels.triton.common import num_sms
+
+    op = registry.get("attn.mla_decode")
+    rows = []
+    for batch, heads, context, fp8 in SHAPES:
+        make_args = decode_inputs(batch, heads, context, fp8=fp8, page=PAGE)
+        (q, cache, tables, lens, scale, rank), kwargs = make_args
+        reference = op.reference(q, cache, tables, lens, scale, rank, **kwargs)
+        tolerance = tolerance_for(q.dtype, op.tolerances)
+        label = f"b{batch} h{heads} ctx{context} page{PAGE} {'fp8' if fp8 else 'bf16'} cache"
+        row_bytes = 576 + 4 if fp8 else 576 * 2
+        bytes_moved = decode_bytes(batch, heads, context, row_bytes, PAGE)
+        flops = decode_flops(batch, heads, context) if heads >= 64 else 0.0
+        timed = []
+        for config in decode_candidates(q.dtype):
+            splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h)
+            timed.append((*candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops), config))
+        default_ms, default_row, _ = timed[0]
+        best = sorted(timed[1:], key=lambda t: t[0])[: args.top]
+        rows.append(dataclasses.replace(default_row, benchmark=default_row.benchmark + " (default)"))
+        for ms, row, _ in best:
+            peer = harness.speedup(ms, default_ms, "default") if ms < float("inf") else "-"
+            rows.append(Row(row.benchmark, row.shape, row.time, row.throughput, row.of_ceiling, peer, row.notes))
+        failed = [row for ms, row, _ in timed[1:] if ms == float("inf")]
+        if failed:
+            rows.append(Row(f"{len(failed)} of {len(timed) - 1} alternatives failed or were wrong", label, "-", "-", "-", "-",
+                            failed[0].notes))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--top", type=int, default=5, help="fastest alternatives shown per shape (default 5)")
+    args = p.parse_args(argv)
+    if args.top < 1:
+        p.error(f"--top: expected a positive number, got {args.top}")
+    reason = harness.no_gpu_reason()
+    if reason:
+        print(f"mla_sweep: {reason}: nothing to time", file=sys.stderr)
+        return 0
+    harness.print_rows(measure(args), "attn.mla_decode launch configurations (Triton)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
