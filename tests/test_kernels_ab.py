@@ -168,7 +168,7 @@ def test_every_gemm_tile_shape_and_split_k_matches_reference():
     b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
     configs = {Config(16, 64, 1, 4, 3), Config(16, 64, 2, 4, 3), Config(32, 128, 4, 4, 3),
                Config(128, 128, 1, 8, 3), Config(64, 256, 1, 8, 3), Config(32, 64, 1, 4, 3, tma=True),
-               Config(64, 256, 1, 8, 3, tma=True)}
+               Config(16, 64, 2, 4, 3, tma=True), Config(64, 256, 1, 8, 3, tma=True)}
     assert any(c.split_k > 1 for c in candidates(1, 2112, 7168, 132)), "decode candidates must split K"
     assert all(c.split_k == 1 for c in candidates(4096, 2112, 7168, 132)), "prefill never splits K"
     for out_dtype in (torch.float32, torch.bfloat16):
@@ -191,11 +191,11 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
     m, n, k = 300, 200, 384  # M and N tails against 64- and 128-wide tiles
     a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
     b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
-    for bm, bn in ((64, 64), (128, 128), (64, 256)):
+    for bm, bn, split in ((64, 64, 1), (128, 128, 1), (64, 256, 1), (16, 64, 3)):
         for out_dtype in (torch.bfloat16, torch.float32):
-            pointer = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3))
-            through_tma = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True))
-            assert torch.equal(pointer, through_tma), (bm, bn, out_dtype)
+            pointer = launch(a, sa, b, sb, out_dtype, Config(bm, bn, split, 4, 3))
+            through_tma = launch(a, sa, b, sb, out_dtype, Config(bm, bn, split, 4, 3, tma=True))
+            assert torch.equal(pointer, through_tma), (bm, bn, split, out_dtype)
     if gemm.has_tma(a.device):
         assert choose_config(a, sa, b, sb, torch.bfloat16).tma, "prefill shapes default to TMA where it runs"
         assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "M <= 256 keeps the pointer loads"
@@ -203,7 +203,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
     shifted.copy_(a)
     assert not gemm.tma_usable(shifted, b) and not choose_config(shifted, sa, b, sb, torch.bfloat16).tma
     assert torch.equal(gemm.fp8_block(shifted, sa, b, sb), gemm.fp8_block(a, sa, b, sb))
-    with pytest.raises(ValueError, match="needs TMA on the device, aligned operands and no K split"):
+    assert [c.tma for c in gemm.candidates(64, 2112, 7168, 132, tma=True)][0] is False  # never the default there
+    assert any(c.tma for c in gemm.candidates(64, 2112, 7168, 132, tma=True))  # but the tuner times them
+    with pytest.raises(ValueError, match="needs TMA on the device and 16-byte-aligned operands"):
         launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
 
 

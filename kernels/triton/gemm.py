@@ -8,9 +8,9 @@ fixed order, so for a given configuration results never depend on scheduling.
 
 Prefill configurations (M above 256) load the A and B tiles through TMA tensor descriptors where
 the device has TMA (compute capability 9.x and later; Triton's interpreter runs them too) and
-both operands start 16-byte aligned: the same products and sums in the same order as the
-pointer loads (rows past M and columns past N read as zeros instead of wrapped rows, and are
-never stored), so the two give the same bits.
+both operands start 16-byte aligned; for other shapes the tuner times the TMA tiles beside the
+pointer ones. Both compute the same products and sums in the same order (rows past M and columns
+past N read as zeros instead of wrapped rows, and are never stored): the same bits.
 
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
 small candidate set on the GPU (decode shapes: narrow tiles and split-K; prefill: 128x128 tiles,
@@ -23,7 +23,7 @@ other bit for bit set ``ENGINE_OPS_TUNE=0``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -68,49 +68,37 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     return pid_m, pid_n
 
 
-@direct
 @triton.jit
-def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
-                     stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-
-    # Out-of-range rows/columns are wrapped onto valid ones for the loads (no masks in the
-    # loop) and dropped at the store.
+def _scale_pointers(as_ptr, bs_ptr, pid_m, pid_n, kb_start, M, N, stride_asm, stride_ask, stride_bsn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tile's A scales (one per row) and B scales at K block ``kb_start``. B's scale blocks are
+    128 rows tall, like the K blocks: a tile of at most 128 columns lies in one of them (BLOCK_N
+    divides 128), so each K block has one B scale for the whole tile."""
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
-    # K is a compile-time constant (a model has a handful); the launcher makes SPLIT_K divide it.
-    PER_SPLIT: tl.constexpr = K_BLOCKS // SPLIT_K
-    kb_start = pid_k * PER_SPLIT
-
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
-    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + (kb_start * BLOCK_K + offs_k)[:, None]
     as_ptrs = as_ptr + offs_m * stride_asm + kb_start * stride_ask
-    # B's scale blocks are 128 rows tall, like the K blocks. A tile of at most 128 columns lies
-    # in one of them (BLOCK_N divides 128), so each K block has one B scale for the whole tile.
-    ONE_B_SCALE: tl.constexpr = BLOCK_N <= BLOCK_K
-    if ONE_B_SCALE:
+    if BLOCK_N <= BLOCK_K:
         bs_ptrs = bs_ptr + (pid_n * BLOCK_N // BLOCK_K) * stride_bsn + kb_start
     else:
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
         bs_ptrs = bs_ptr + (offs_n // BLOCK_K) * stride_bsn + kb_start
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for _ in range(PER_SPLIT):
-        a = tl.load(a_ptrs)
-        b = tl.load(b_ptrs)
-        a_scale = tl.load(as_ptrs)
-        b_scale = tl.load(bs_ptrs)
-        if ONE_B_SCALE:
-            acc += tl.dot(a, b) * (a_scale * b_scale)[:, None]
-        else:
-            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-        as_ptrs += stride_ask
-        bs_ptrs += 1
+    return as_ptrs, bs_ptrs
 
+
+@triton.jit
+def _add_scaled(acc, product, as_ptrs, bs_ptrs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc + product * sa * sb`` for one K block's fp32 product of the fp8 tiles."""
+    a_scale = tl.load(as_ptrs)
+    b_scale = tl.load(bs_ptrs)
+    if BLOCK_N <= BLOCK_K:
+        return acc + product * (a_scale * b_scale)[:, None]
+    return acc + product * (a_scale[:, None] * b_scale[None, :])
+
+
+@triton.jit
+def _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The tile's rows and columns inside M x N: rounded to the output's dtype, or with K splits
+    the fp32 partial into split ``pid_k`` of the workspace."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pid_k.to(tl.int64) * stride_cs + rows[:, None].to(tl.int64) * stride_cm + cols[None, :]
@@ -124,38 +112,56 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, strid
 
 @direct
 @triton.jit
-def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn, stride_cm,
-                         K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr):
-    # The pointer kernel's tile order and scaling, without K splits; A and B tiles come from
-    # TMA descriptors (zeros past the edges).
+def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
+                     stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    # K is a compile-time constant (a model has a handful); the launcher makes SPLIT_K divide it.
+    PER_SPLIT: tl.constexpr = K_BLOCKS // SPLIT_K
+    kb_start = pid_k * PER_SPLIT
+
+    # Out-of-range rows/columns are wrapped onto valid ones for the loads (no masks in the
+    # loop) and dropped at the store.
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    as_ptrs = as_ptr + offs_m * stride_asm
-    ONE_B_SCALE: tl.constexpr = BLOCK_N <= BLOCK_K
-    if ONE_B_SCALE:
-        bs_ptrs = bs_ptr + (pid_n * BLOCK_N // BLOCK_K) * stride_bsn
-    else:
-        bs_ptrs = bs_ptr + (offs_n // BLOCK_K) * stride_bsn
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + (kb_start * BLOCK_K + offs_k)[:, None]
+    as_ptrs, bs_ptrs = _scale_pointers(as_ptr, bs_ptr, pid_m, pid_n, kb_start, M, N, stride_asm, stride_ask, stride_bsn,
+                                       BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(K_BLOCKS):
-        a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-        b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
-        a_scale = tl.load(as_ptrs)
-        b_scale = tl.load(bs_ptrs)
-        if ONE_B_SCALE:
-            acc += tl.dot(a, b.T) * (a_scale * b_scale)[:, None]
-        else:
-            acc += tl.dot(a, b.T) * (a_scale[:, None] * b_scale[None, :])
+    for _ in range(PER_SPLIT):
+        acc = _add_scaled(acc, tl.dot(tl.load(a_ptrs), tl.load(b_ptrs)), as_ptrs, bs_ptrs, BLOCK_N, BLOCK_K)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
         as_ptrs += stride_ask
         bs_ptrs += 1
+    _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N, SPLIT_K)
 
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :]
-    out = round_to_dtype(acc, c_ptr.dtype.element_ty)
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+@direct
+@triton.jit
+def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn, stride_cs,
+                         stride_cm, K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # The pointer kernel with its A and B tiles from TMA descriptors (zeros past the edges).
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    PER_SPLIT: tl.constexpr = K_BLOCKS // SPLIT_K
+    kb_start = pid_k * PER_SPLIT
+    as_ptrs, bs_ptrs = _scale_pointers(as_ptr, bs_ptr, pid_m, pid_n, kb_start, M, N, stride_asm, stride_ask, stride_bsn,
+                                       BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in range(PER_SPLIT):
+        k0 = (kb_start + i) * BLOCK_K
+        a = a_desc.load([pid_m * BLOCK_M, k0])
+        b = b_desc.load([pid_n * BLOCK_N, k0])
+        acc = _add_scaled(acc, tl.dot(a, b.T), as_ptrs, bs_ptrs, BLOCK_N, BLOCK_K)
+        as_ptrs += stride_ask
+        bs_ptrs += 1
+    _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
 @direct
@@ -202,7 +208,8 @@ def _cuda_capability(device: torch.device) -> int:
 
 def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[Config]:
     """The configurations worth timing for this shape; the first is the untimed default. With
-    ``tma``, prefill shapes (M above 256) also get each tile through TMA descriptors, first."""
+    ``tma`` every tile is also offered through TMA descriptors: first for prefill shapes (M above
+    256, where TMA is the default), last for the others (timed by the tuner, never the default)."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
         tiles = [(min(bucket, 64), 64, 4, 4), (min(bucket, 64), 128, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)]
@@ -218,8 +225,9 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[
             config = Config(bm, bn, s, warps, stages)
             if config not in configs:
                 configs.append(config)
-    if tma and bucket > 256:
-        configs = [Config(c.block_m, c.block_n, 1, c.num_warps, c.num_stages, c.group_m, tma=True) for c in configs] + configs
+    if tma:  # the same tiles through TMA: first for prefill shapes (the default), after the others for the rest
+        through_tma = [replace(c, tma=True) for c in configs]
+        configs = through_tma + configs if bucket > 256 else configs + through_tma
     return configs
 
 
@@ -248,25 +256,21 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     split = config.split_k
     if (k // BLOCK) % split:
         raise ValueError(f"gemm.fp8_block: split_k={split} does not divide the {k // BLOCK} K blocks")
-    if config.tma:
-        if split != 1 or not tma_usable(a, b):
-            raise ValueError(f"gemm.fp8_block: {config} needs TMA on the device, aligned operands and no K split")
-        a_desc = TensorDescriptor(a, [m, k], [k, 1], [config.block_m, BLOCK])
-        b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
-        _fp8_gemm_tma_kernel[(cdiv(m, config.block_m) * cdiv(n, config.block_n),)](
-            a_desc, a_scale, b_desc, b_scale, out, m, n, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), n,
-            K_BLOCKS=k // BLOCK, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, GROUP_M=config.group_m,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
-        return out
+    if config.tma and not tma_usable(a, b):
+        raise ValueError(f"gemm.fp8_block: {config} needs TMA on the device and 16-byte-aligned operands")
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
     grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), split)
-    _fp8_gemm_kernel[grid](
-        a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
-        b.stride(0), b_scale.stride(0), target.stride(0) if split > 1 else 0, n, K_BLOCKS=k // BLOCK,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, SPLIT_K=split, GROUP_M=config.group_m,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    shape = dict(K_BLOCKS=k // BLOCK, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, SPLIT_K=split,
+                 GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages)
+    split_stride = target.stride(0) if split > 1 else 0
+    if config.tma:
+        a_desc = TensorDescriptor(a, [m, k], [k, 1], [config.block_m, BLOCK])
+        b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
+        _fp8_gemm_tma_kernel[grid](a_desc, a_scale, b_desc, b_scale, target, m, n, a_scale.stride(0), a_scale.stride(1),
+                                   b_scale.stride(0), split_stride, n, **shape)
+    else:
+        _fp8_gemm_kernel[grid](a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
+                               b.stride(0), b_scale.stride(0), split_stride, n, **shape)
     if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
     return out
@@ -279,7 +283,7 @@ def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
     """The tuned configuration for this call's shape (timing the candidates on first use)."""
     m, k = a.shape
     n = b.shape[0]
-    tma = m_bucket(m) > 256 and tma_usable(a, b)
+    tma = tma_usable(a, b)
     key = (m_bucket(m), n, k, out_dtype, a.device, tma)
     tuned = _TUNED.get(key)
     if tuned is not None:
