@@ -17,6 +17,8 @@
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
+#   sweep      python -m benchmarks.mla_sweep (the decode kernel's launch configurations side by side)
+#              and python -m benchmarks.gemm --tune (the configurations the GEMM tuner picks, TMA tiles included)
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
 #              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
@@ -48,7 +50,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export BRINGUP_TESTS_FAILURES_AT_ONCE=1  # a step cut off by its limit still shows why a test failed
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,vendor,tilelang,profile,ncu},
+STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,sweep,vendor,tilelang,profile,ncu},
 BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep,host_overhead}
 declare -a ROWS
 
@@ -113,6 +115,8 @@ if want bench; then
     step "bench-$family" "${BENCH_LIMIT:-300}" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
   done
 fi
+want sweep && step mla-sweep 300 $PY -m benchmarks.mla_sweep
+want sweep && step gemm-tuned 300 $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"
 VLIMIT=${VENDOR_LIMIT:-420}
 want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py
 for backend in deep_gemm flash_mla; do
