@@ -289,6 +289,7 @@ def report() -> dict[str, Any]:
     return {
         "strict": strict(),
         "default_backend": default_backend(),
+        "global_backend": global_backend(),
         "triton": backend_env.triton_info(),
         "backends": backend_env.backends_info(),
         "ops": entries,

@@ -17,6 +17,9 @@ import pytest
 
 from bringup.diff import collect
 from bringup.diff.coverage import ran_nowhere
+from bringup.diff.document import to_markdown
+from bringup.diff.report_explain import coverage_blocks
+from bringup.diff.summary import summary
 from bringup.diff.tokens import REAL
 from common.token_diff import read_generations
 
@@ -130,7 +133,8 @@ def test_coverage_and_logprob_deltas_from_real_launches(tmp_path):
     _launch(tmp_path / "a" / "e2e", 5, {})
     _launch(tmp_path / "b" / "e2e", 5, {})
     _launch(tmp_path / "c" / "e2e", 1, {"TRITON_INTERPRET": "1", "ENGINE_OPS_BACKEND_NORM_RMSNORM": "triton",
-                                        "ENGINE_OPS_TEST_PERTURB": "norm.rmsnorm@triton=1e-3"})
+                                        "ENGINE_OPS_TEST_PERTURB": "norm.rmsnorm@triton=1e-3",
+                                        "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK": "triton"})
     result = collect(tmp_path, ["a", "b", "c"], "a", 1.0)
     same, other = {c.column: c for c in result.coverage}["b"], {c.column: c for c in result.coverage}["c"]
     assert (same.never_ran, same.only_here, same.other_backend) == ([], [], {})
@@ -138,6 +142,12 @@ def test_coverage_and_logprob_deltas_from_real_launches(tmp_path):
     assert other.other_backend == {"norm.rmsnorm": (["torch"], ["triton"])} and other.only_here == []
     nowhere = ran_nowhere(result)
     assert "gemm.fp8_block" in nowhere and "attn.mla_decode" not in nowhere, "the tiny checkpoint has no FP8 weights"
+    # c asked the FP8 GEMM (which never ran) and rmsnorm (which ran) for triton, every other op
+    # being on torch: only the GEMM is listed, and only for c.
+    assert result.unserved == {"c": [{"op": "gemm.fp8_block", "requested": "triton", "calls": {}, "why": "the op never ran"}]}
+    assert summary(result)["unserved"] == result.unserved
+    text = to_markdown(coverage_blocks(result))
+    assert "Requested backends that served no call" in text and "| c | gemm.fp8_block | triton | the op never ran |" in text
     reference, truncated = read_generations(tmp_path / "a" / "e2e" / "tokens.jsonl"), read_generations(tmp_path / "c" / "e2e" / "tokens.jsonl")
     tokens = {t.column: t for t in result.tokens}
     assert tokens["b"].stats(tokens["b"].logprob_deltas) == (0.0, 0.0)

@@ -185,3 +185,7 @@ def test_requested_backends_that_served_no_call_are_listed_with_why():
     # A backend that served some of the calls is exercised; reports without a default name nothing.
     assert e2e_report.unserved_requests(ops, {**calls, "attn.mla_decode": {"triton": 40, "flash_mla": 8}})[0]["op"] == "gemm.fp8_block"
     assert e2e_report.unserved_requests({k: v for k, v in ops.items() if k != "default_backend"}, calls) == []
+    # Every op switched at once (ENGINE_OPS_BACKEND=torch) is no op's own request: ops that never ran are not listed.
+    everything_on_torch = {**ops, "global_backend": "torch",
+                           "ops": {op: {"requested": "torch", "backend": "torch", "reason": None} for op in ops["ops"]}}
+    assert e2e_report.unserved_requests(everything_on_torch, {"moe.gate": {"torch": 4}, "gemm.fp8_block": {}}) == []

@@ -20,7 +20,7 @@ from typing import Any
 
 from bringup.artifacts import CROSS_IMAGE_STAGES, PASSED
 from bringup.diff.blame import BlameRow, blame_section
-from bringup.diff.coverage import Coverage, coverage_section
+from bringup.diff.coverage import Coverage, coverage_section, unserved_section
 from bringup.diff.inputs import (
     AB_MANIFEST,
     AB_RESULTS,
@@ -179,6 +179,7 @@ class DiffResult:
     kernel_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     replays: list[ReplayRow] = field(default_factory=list)
     coverage: list[Coverage] = field(default_factory=list)
+    unserved: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     blames: list[BlameRow] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -261,7 +262,8 @@ def collect(artifacts: Path, images: list[str], reference: str, near_tie_margin:
     result = DiffResult(Path(artifacts), make_columns(Path(artifacts), images, reference), near_tie_margin,
                         layer_tolerance, logprob_tolerance)
     result.missing, result.not_run = _missing(result.columns)
-    steps = [(section, col) for section in (_versions, _stages, _kernel_configs, _builds, _fallbacks) for col in result.columns]
+    steps = [(section, col) for section in (_versions, _stages, _kernel_configs, _builds, _fallbacks, unserved_section)
+             for col in result.columns]
     steps += [(_within, col) for col in result.columns if col.label == col.artifacts.name]
     steps += [(section, col) for section in (_kernels, _tokens, replay_section, coverage_section, blame_section)
               for col in result.compared]

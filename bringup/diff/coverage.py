@@ -4,8 +4,9 @@ reference's (``e2e/report.json`` ``op_calls``: calls per op and backend, summed 
 A path that an architecture check switches off in one image never calls its ops there: such an
 op shows as "never ran" (it ran in the reference), not as passed; an op only the image ran is
 listed too. An op that ran on other backends than in the reference is listed with both. Ops no
-image ran are listed once. Shown,
-not part of the verdict (a vendor backend on one image is a difference by design).
+image ran are listed once. Per image, reference included, the ops whose requested backend served
+none of their calls (``e2e/report.json`` ``unserved``: a right answer did not test that backend).
+Shown, not part of the verdict (a vendor backend on one image is a difference by design).
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ def op_calls(art: ImageArtifacts) -> dict[str, dict[str, int]] | None:
                                               for v in calls.values()):
         raise UnusableInput(f"{art.path(E2E_REPORT)}: 'op_calls' must map each op to calls per backend")
     return calls
+
+
+def unserved(art: ImageArtifacts) -> list[dict[str, str]]:
+    """The e2e report's ``unserved`` entries (``op``, ``requested``, ``why``); none when the image
+    has no e2e report or one made before they were listed; UnusableInput when malformed."""
+    report = art.json_or_none(E2E_REPORT)
+    entries = [] if report is None else report.get("unserved", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("op", "requested", "why"))
+                                                for e in entries):
+        raise UnusableInput(f"{art.path(E2E_REPORT)}: 'unserved' must be a list of {{op, requested, why}}")
+    return entries
+
+
+def unserved_section(result: DiffResult, col: Column) -> None:
+    entries = unserved(col.artifacts)
+    if entries:
+        result.unserved[col.label] = entries
 
 
 def ran_on(calls: dict[str, int]) -> list[str]:

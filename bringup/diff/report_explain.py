@@ -84,6 +84,17 @@ def _errors(summary: dict | None) -> str:
 
 
 def coverage_blocks(result: DiffResult) -> list[Block]:
+    blocks = _exercised_blocks(result)
+    if result.unserved:
+        blocks += [Heading(2, "Requested backends that served no call"),
+                   Paragraph("The e2e run asked for these backends, and none of the op's calls ran on them: the run's "
+                             "answers say nothing about them."),
+                   Table(["image", "op", "requested", "why"],
+                         [[label, e["op"], e["requested"], e["why"]] for label, entries in result.unserved.items() for e in entries])]
+    return blocks
+
+
+def _exercised_blocks(result: DiffResult) -> list[Block]:
     if not result.coverage:
         return []
     ref = result.reference.label

@@ -44,5 +44,5 @@ def summary(result: DiffResult) -> dict[str, Any]:
             images[label]["kernel_configs"] = configs
     return {"schema": SCHEMA, "reference": result.reference.label, "verdict": result.verdict(), "exit_code": result.exit_code(),
             "near_tie_margin": result.near_tie_margin, "reference_kernel_configs": result.kernel_configs.get(result.reference.label),
-            "ran_nowhere": ran_nowhere(result), "images": images,
+            "ran_nowhere": ran_nowhere(result), "unserved": result.unserved, "images": images,
             "unusable": [m.message(result.artifacts) for m in result.missing] + result.problems}

@@ -97,11 +97,13 @@ def summed_calls(results: dict[int, dict]) -> dict[str, dict[str, int]]:
 
 
 def unserved_requests(ops: dict | None, calls: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
-    """The ops whose requested backend (rank 0's ``ops``) is not the default one and served none of
-    their calls on any rank (``calls``: :func:`summed_calls`): ``op``, ``requested``, ``calls`` (per
-    backend that ran them instead; ``{}``: the op never ran) and ``why``. A run that answered
-    right did not exercise these backends."""
-    if not ops or "default_backend" not in ops:
+    """The ops asked for a backend of their own (rank 0's ``ops``: requested other than the backend
+    every op gets, ``ENGINE_OPS_BACKEND`` or the default) that served none of their calls on any
+    rank (``calls``: :func:`summed_calls`): ``op``, ``requested``, ``calls`` (per backend that ran
+    them instead; ``{}``: the op never ran) and ``why``. A run that answered right did not
+    exercise these backends."""
+    everyone = ops.get("global_backend", ops.get("default_backend")) if ops else None
+    if everyone is None:
         return []
     declined: dict[str, list[str]] = {}
     for entry in ops.get("call_fallbacks", []):
@@ -111,7 +113,7 @@ def unserved_requests(ops: dict | None, calls: dict[str, dict[str, int]]) -> lis
     found = []
     for op, entry in ops["ops"].items():
         requested, ran = entry["requested"], calls.get(op, {})
-        if requested == ops["default_backend"] or ran.get(requested):
+        if requested == everyone or ran.get(requested):
             continue
         if not ran:
             why = "the op never ran"
