@@ -35,7 +35,7 @@ def test_an_unavailable_vendor_backend_is_reported_not_failed(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == "0 passed, 0 failed, 4 skipped; not run here: deep_gemm (unavailable, see above)"
+    assert lines[-1] == "0 passed, 0 failed, 6 skipped; not run here: deep_gemm (unavailable, see above)"
     assert f"deep_gemm: not run here: {reason}" in lines
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["backends"]["deep_gemm"]["unavailable"] == reason
