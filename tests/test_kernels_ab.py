@@ -209,6 +209,37 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
         launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
 
 
+def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
+    from triton.runtime.errors import OutOfResources
+
+    from kernels.ops.gemm import fp8_block_reference
+    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from kernels.triton import gemm
+
+    gen = generator(13)
+    a, sa = act_quant_reference(torch.randn(300, 256, generator=gen).to(DEVICE))
+    b, sb = quantize_weight(torch.randn(72, 256, generator=gen).to(DEVICE) * 256 ** -0.5)
+    if not gemm.has_tma(a.device):
+        pytest.skip("no TMA tiles here")
+
+    class FailingTma:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(300000, 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(gemm, "_fp8_gemm_tma_kernel", FailingTma())
+    monkeypatch.setattr(gemm, "_TMA_FAILED", [])
+    monkeypatch.setattr(gemm, "_TUNED", {})
+    out = gemm.fp8_block(a, sa, b, sb)
+    assert torch.equal(out, gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(128, 128, 1, 8, 4)))
+    assert (out.float() - fp8_block_reference(a, sa, b, sb).float()).abs().max() <= 0.05
+    assert "gemm.fp8_block: the TMA tiles failed here (OutOfResources: " in capsys.readouterr().err
+    assert not gemm.has_tma(a.device) and not gemm.choose_config(a, sa, b, sb, torch.bfloat16).tma
+    gemm.fp8_block(a, sa, b, sb)
+    assert "TMA tiles failed" not in capsys.readouterr().err, "said once"
+
+
 def test_gemm_rejects_a_split_that_does_not_divide_k():
     from kernels.ops.quant import act_quant_reference, quantize_weight
     from kernels.triton.gemm import Config, launch

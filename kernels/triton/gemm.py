@@ -9,7 +9,8 @@ fixed order, so for a given configuration results never depend on scheduling.
 Prefill configurations (M above 256) load the A and B tiles through TMA tensor descriptors where
 the device has TMA (compute capability 9.x and later; Triton's interpreter runs them too) and
 both operands start 16-byte aligned; for other shapes the tuner times the TMA tiles beside the
-pointer ones. Both compute the same products and sums in the same order (rows past M and columns
+pointer ones. Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call
+runs on the pointer loads, says so once, and the process offers TMA no more. Both compute the same products and sums in the same order (rows past M and columns
 past N read as zeros instead of wrapped rows, and are never stored): the same bits.
 
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
@@ -23,11 +24,14 @@ other bit for bit set ``ENGINE_OPS_TUNE=0``.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -191,10 +195,15 @@ def _split_for(tiles: int, k_blocks: int, num_sms: int) -> int:
     return split
 
 
+# Why the TMA tiles failed to compile or launch in this process (then they are not offered again).
+_TMA_FAILED: list[str] = []
+
+
 def has_tma(device: torch.device) -> bool:
     """Whether GEMM tiles can be loaded through TMA descriptors on ``device`` (a GPU of compute
-    capability 9.x or later; on CPU, Triton's interpreter emulates them) with this Triton."""
-    if TensorDescriptor is None:
+    capability 9.x or later; on CPU, Triton's interpreter emulates them) with this Triton, and
+    they have not failed here."""
+    if TensorDescriptor is None or _TMA_FAILED:
         return False
     if device.type == "cuda":
         return _cuda_capability(device) >= 9
@@ -315,7 +324,16 @@ def fp8_block(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
     a, b = a.contiguous(), b.contiguous()
     a_scale = a_scale if a_scale.dtype == torch.float32 else a_scale.float()
     b_scale = b_scale.float().contiguous()
-    return launch(a, a_scale, b, b_scale, out_dtype, choose_config(a, a_scale, b, b_scale, out_dtype))
+    config = choose_config(a, a_scale, b, b_scale, out_dtype)
+    if config.tma:
+        try:
+            return launch(a, a_scale, b, b_scale, out_dtype, config)
+        except (CompilationError, OutOfResources) as exc:  # this Triton or GPU cannot build the TMA tiles
+            _TMA_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            print(f"[kernels] gemm.fp8_block: the TMA tiles failed here ({_TMA_FAILED[0]}); using pointer loads",
+                  file=sys.stderr)
+            config = choose_config(a, a_scale, b, b_scale, out_dtype)
+    return launch(a, a_scale, b, b_scale, out_dtype, config)
 
 
 def _validate(a, a_scale, b, b_scale, out_dtype) -> None:
