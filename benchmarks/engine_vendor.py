@@ -19,9 +19,7 @@ Each row names the backends the vendor ops resolved to and any calls they declin
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -51,26 +49,6 @@ def available_vendor() -> dict[str, str]:
     return here
 
 
-@contextlib.contextmanager
-def backends(chosen: dict[str, str]):
-    """Ops resolved to ``chosen`` (op -> backend) through their per-op variables, for the block."""
-    from kernels import registry
-
-    variables = {"ENGINE_OPS_BACKEND_" + op.upper().replace(".", "_"): b for op, b in chosen.items()}
-    saved = {v: os.environ.get(v) for v in variables}
-    os.environ.update(variables)
-    registry.reset()
-    try:
-        yield
-    finally:
-        for variable, value in saved.items():
-            if value is None:
-                os.environ.pop(variable)
-            else:
-                os.environ[variable] = value
-        registry.reset()
-
-
 def served() -> str:
     """Which backend each vendor op runs on, and the calls any backend declined."""
     import kernels
@@ -90,8 +68,9 @@ def free_gpu() -> None:
 def decode(ckpt: Path, chosen: dict[str, str]) -> tuple[dict[int, tuple[float, float]], str]:
     """Per batch: (median decode step ms, tokens/s), and what served."""
     from engine import LLM
+    from kernels import registry
 
-    with backends(chosen):
+    with registry.ops_on(chosen):
         llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=max(BATCHES), max_model_len=PROMPT + NEW + 16,
                   block_size=BLOCK)
         for batch in BATCHES:  # compile and tune outside the timed runs
@@ -109,8 +88,9 @@ def decode(ckpt: Path, chosen: dict[str, str]) -> tuple[dict[int, tuple[float, f
 def prefill(ckpt: Path, chosen: dict[str, str]) -> tuple[float, str]:
     """Median time to first token (s) of a PREFILL-token prompt, and what served."""
     from engine import LLM
+    from kernels import registry
 
-    with backends(chosen):
+    with registry.ops_on(chosen):
         llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=PREFILL + 64,
                   max_num_batched_tokens=PREFILL + 64, block_size=BLOCK)
         time_to_first_token(llm, PREFILL, seed=PREFILL)

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import datetime
 import functools
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,19 +102,10 @@ def direct_launch(on: bool) -> Iterator[bool]:
     """Triton kernels launched directly after each key's first call (``ENGINE_OPS_DIRECT_LAUNCH``)
     or always through Triton, inside the block; yields whether the direct launch is in force
     (it may be refused here: see :func:`kernels.backend_env.direct_launch_reason`)."""
-    from kernels import backend_env
+    from kernels import backend_env, registry
 
-    previous = os.environ.get("ENGINE_OPS_DIRECT_LAUNCH")
-    os.environ["ENGINE_OPS_DIRECT_LAUNCH"] = "1" if on else "0"
-    backend_env.reset()
-    try:
+    with registry.environment({"ENGINE_OPS_DIRECT_LAUNCH": "1" if on else "0"}):
         yield backend_env.direct_launch_reason() is None
-    finally:
-        if previous is None:
-            os.environ.pop("ENGINE_OPS_DIRECT_LAUNCH")
-        else:
-            os.environ["ENGINE_OPS_DIRECT_LAUNCH"] = previous
-        backend_env.reset()
 
 
 def median_ms(fn: Callable[[], object], graph: bool = False) -> float:

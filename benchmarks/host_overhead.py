@@ -86,25 +86,6 @@ def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple
     ]
 
 
-@contextlib.contextmanager
-def backend_requested(op_name: str, backend: str) -> Iterator[None]:
-    """The registry resolves ``op_name`` to ``backend`` inside the block; the caller's choice after."""
-    from kernels import registry
-
-    variable = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    previous = os.environ.get(variable)
-    os.environ[variable] = backend
-    registry.reset()
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[variable]
-        else:
-            os.environ[variable] = previous
-        registry.reset()
-
-
 def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]], backend: str, calls: int) -> Row:
     """One backend of one op: host cost through the registry and directly, and the GPU's time."""
     from kernels import registry
@@ -113,7 +94,7 @@ def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]]
     op = registry.get(op_name)
     args, kwargs = make()
     label = f"host overhead {op_name} {backend}"
-    with backend_requested(op_name, backend):
+    with registry.ops_on({op_name: backend}):
         try:
             direct = op.load(backend)
             direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls)
@@ -169,7 +150,7 @@ def wrapper_rows(calls: int) -> list[Row]:
         for op_name, shape, make in cases("cpu"):
             op = registry.get(op_name)
             args, kwargs = make()
-            with backend_requested(op_name, "triton"):
+            with registry.ops_on({op_name: "triton"}):
                 direct = op.load("triton")
                 direct_us = host_us_per_call(lambda: direct(*args, **kwargs), calls, sync=lambda: None)
                 registry_us = host_us_per_call(lambda: op(*args, **kwargs), calls, sync=lambda: None)
@@ -189,7 +170,7 @@ def profile_triton_calls(calls: int, device: str) -> None:
         op = registry.get(op_name)
         args, kwargs = make()
         for direct in (False, True):
-            with harness.direct_launch(direct) as in_force, backend_requested(op_name, "triton"):
+            with harness.direct_launch(direct) as in_force, registry.ops_on({op_name: "triton"}):
                 if direct and not in_force:
                     continue
                 total, costs = profile_calls(lambda: op(*args, **kwargs), calls)

@@ -20,7 +20,6 @@ library that is unavailable here is named with the reason and its rows are left 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 import torch
@@ -39,18 +38,8 @@ def backend_for(op_name: str, backend: str):
     """``op_name`` resolved to ``backend`` through the registry's per-op variable, for the block."""
     from kernels import registry
 
-    variable = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    saved = os.environ.get(variable)
-    os.environ[variable] = backend
-    registry.get(op_name).reset()
-    try:
+    with registry.ops_on({op_name: backend}):
         yield registry.get(op_name)
-    finally:
-        if saved is None:
-            os.environ.pop(variable)
-        else:
-            os.environ[variable] = saved
-        registry.get(op_name).reset()
 
 
 def available(backend: str) -> bool:

@@ -30,11 +30,12 @@ run can show which ops it exercised. A test-only switch can perturb an op's back
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import backend_env, perturb
 
@@ -249,9 +250,13 @@ def global_backend() -> str:
     return (os.environ.get("ENGINE_OPS_BACKEND") or default_backend()).strip().lower()
 
 
+def backend_variable(op_name: str) -> str:
+    """The per-op variable that chooses ``op_name``'s backend (``ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK``)."""
+    return "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
+
+
 def requested_backend(op_name: str) -> str:
-    per_op = "ENGINE_OPS_BACKEND_" + op_name.upper().replace(".", "_")
-    value = os.environ.get(per_op) or global_backend()
+    value = os.environ.get(backend_variable(op_name)) or global_backend()
     return value.strip().lower()
 
 
@@ -308,6 +313,29 @@ def reset() -> None:
     for op in _OPS.values():
         op.reset()
     backend_env.reset()
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """The environment variables ``values`` set inside the block and the caller's values after,
+    every op's resolution forgotten on both sides (:func:`reset`)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    reset()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reset()
+
+
+def ops_on(chosen: dict[str, str]) -> contextlib.AbstractContextManager[None]:
+    """Ops resolved to ``chosen`` (op -> backend) through their per-op variables, inside the block."""
+    return environment({backend_variable(op): backend for op, backend in chosen.items()})
 
 
 def reset_calls() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -102,3 +104,13 @@ def test_report_says_whether_configurations_may_be_timed(monkeypatch, value, tun
         monkeypatch.setenv("ENGINE_OPS_TUNE", value)
     assert kernels.report()["tune"] is tune
     assert kernels.report()["perturbed"] == []
+
+
+def test_ops_on_resolves_ops_inside_the_block_and_restores_the_callers_choice(monkeypatch):
+    monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "triton")
+    monkeypatch.delenv("ENGINE_OPS_BACKEND_ACT_SWIGLU", raising=False)
+    with registry.ops_on({"norm.rmsnorm": "torch", "act.swiglu": "torch"}):
+        assert norm.rmsnorm.resolution().backend == "torch" and act.swiglu.resolution().backend == "torch"
+    assert registry.requested_backend("norm.rmsnorm") == "triton" and norm.rmsnorm.resolution().requested == "triton"
+    assert "ENGINE_OPS_BACKEND_ACT_SWIGLU" not in os.environ
+    assert registry.backend_variable("gemm.fp8_block") == "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK"

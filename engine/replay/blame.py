@@ -24,7 +24,6 @@ every replay run (``trials``). Exit status 0 (whatever the status), 2 unusable a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -86,10 +85,6 @@ def switch_targets(here: dict, reference: dict, ran: set[str]) -> dict[str, str]
     return targets
 
 
-def backend_variable(op: str) -> str:
-    return "ENGINE_OPS_BACKEND_" + op.upper().replace(".", "_")
-
-
 class Trials:
     """Replays of the reference's sequences with sets of ops switched, each compared with the
     reference's replay and cached by the set."""
@@ -118,22 +113,12 @@ class Trials:
         from . import files, teacher_forced
         from .compare import compare
 
-        saved = {backend_variable(op): os.environ.get(backend_variable(op)) for op in switched}
-        os.environ.update({backend_variable(op): self.targets[op] for op in switched})
-        registry.reset()
         started = time.perf_counter()
-        try:
+        with registry.ops_on({op: self.targets[op] for op in switched}):
             llm = self.make_llm() if switched & self.load_ops else self.llm
             replays = teacher_forced(llm, self.generations, self.settings)
             if not switched:
                 self.report = kernels.report()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            registry.reset()
         ours = files.Replay(Path("."), {}, {r.prompt_index: r for r in replays})
         comparison = compare(self.reference, ours, self.tolerance)
         self.comparisons[switched] = comparison

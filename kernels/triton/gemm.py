@@ -9,9 +9,10 @@ fixed order, so for a given configuration results never depend on scheduling.
 Prefill configurations (M above 256) load the A and B tiles through TMA tensor descriptors where
 the device has TMA (compute capability 9.x and later; Triton's interpreter runs them too) and
 both operands start 16-byte aligned; for other shapes the tuner times the TMA tiles beside the
-pointer ones. Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call
-runs on the pointer loads, says so once, and the process offers TMA no more. Both compute the same products and sums in the same order (rows past M and columns
-past N read as zeros instead of wrapped rows, and are never stored): the same bits.
+pointer ones. Both compute the same products and sums in the same order (rows past M and
+columns past N read as zeros instead of wrapped rows, and are never stored): the same bits.
+Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call runs on the
+pointer loads, says so once, and the process offers TMA no more.
 
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
 small candidate set on the GPU (decode shapes: narrow tiles and split-K; prefill: 128x128 tiles,
@@ -145,8 +146,7 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, strid
     _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
-@direct
-@triton.jit
+@triton.jit  # not @direct: descriptor arguments have no launch key, every call goes through Triton
 def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn, stride_cs,
                          stride_cm, K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
