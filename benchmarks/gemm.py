@@ -46,6 +46,13 @@ def cublas_rowwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     return lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
+def triton_config(a, sa, b, sb, tuned: bool) -> str:
+    """The configuration the Triton backend ran this shape with (timed already, so cached)."""
+    from kernels.triton.gemm import choose_config
+
+    return f"{'tuned' if tuned else 'default'} {choose_config(a, sa, b, sb, torch.bfloat16).label()}"
+
+
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
     from kernels import registry
@@ -66,7 +73,7 @@ def measure(args) -> list[Row]:
         nbytes = m * k + n * k + (m + n // 128 + 1) * (k // 128) * 4 + m * n * 2
         for name, impl in impls.items():
             ms = harness.median_ms(lambda: impl(a, sa, b, sb, torch.bfloat16), graph=graph)
-            config = ("tuned" if args.tune else "default config") if name == "triton" else "its own heuristics"
+            config = triton_config(a, sa, b, sb, args.tune) if name == "triton" else "its own heuristics"
             rows.append(Row("gemm.fp8_block" + ("" if name == "triton" else f" {name}"), f"{m}x{n}x{k}", f"{ms:.4f} ms",
                             f"{harness.tflop_s(flops, ms):.0f} TFLOP/s",
                             harness.percent(flops / (ms * 1e-3), ceiling, f"cuBLAS FP8 {ceiling / 1e12:.0f} TFLOP/s"),

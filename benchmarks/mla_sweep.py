@@ -1,5 +1,5 @@
 """The Triton decode kernel's launch configurations side by side, to choose its defaults.
-``python -m benchmarks.mla_sweep [--top N]`` (prints, writes nothing).
+``python -m benchmarks.mla_sweep [--top N]`` (prints, writes nothing; ``--top 0`` times the defaults alone).
 
 At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 and with an FP8
 cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
@@ -72,7 +72,7 @@ def measure(args) -> list[Row]:
         bytes_moved = decode_bytes(batch, heads, context, row_bytes, PAGE)
         flops = decode_flops(batch, heads, context) if heads >= 64 else 0.0
         timed = []
-        for config in decode_candidates(q.dtype):
+        for config in decode_candidates(q.dtype, heads)[: None if args.top else 1]:
             splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h)
             timed.append((*candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops), config))
         default_ms, default_row, _ = timed[0]
@@ -90,10 +90,11 @@ def measure(args) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--top", type=int, default=5, help="fastest alternatives shown per shape (default 5)")
+    p.add_argument("--top", type=int, default=5,
+                   help="fastest alternatives shown per shape (default 5; 0 times the defaults alone)")
     args = p.parse_args(argv)
-    if args.top < 1:
-        p.error(f"--top: expected a positive number, got {args.top}")
+    if args.top < 0:
+        p.error(f"--top: expected 0 or more, got {args.top}")
     reason = harness.no_gpu_reason()
     if reason:
         print(f"mla_sweep: {reason}: nothing to time", file=sys.stderr)

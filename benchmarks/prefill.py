@@ -3,10 +3,11 @@ engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--mo
 
 One request at a time, a fresh random prompt each run (so the prefix cache never hits); the
 time to first token is the wall time of ``generate`` with one new token (prefill, logits,
-sampling), median of three runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
+sampling), median of five runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
 with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each length runs with
-every Triton kernel launched through Triton, then launched directly after its first call
-(:mod:`kernels.triton.launch`; the second row, where Triton's version allows it).
+every Triton kernel launched through Triton and launched directly after its first call
+(:mod:`kernels.triton.launch`; the second row, where Triton's version allows it), the two ways
+taking turns run by run, so that a drift of the host's speed reaches both alike.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from . import harness, model
 from .harness import Row
 
-LENGTHS, RUNS = (1024, 8192), 3
+LENGTHS, RUNS = (1024, 8192), 5
 
 
 def time_to_first_token(llm, length: int, seed: int) -> float:
@@ -42,22 +43,27 @@ def measure(args) -> list[Row]:
     longest = max(LENGTHS)
     llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=longest + 64,
               max_num_batched_tokens=longest + 64)
+    with harness.direct_launch(True) as direct_available:
+        pass
+    ways = (False, True) if direct_available else (False,)
     rows = []
     for length in LENGTHS:
-        through_triton = None
-        for direct in (False, True):
-            with harness.direct_launch(direct) as in_force:
-                if direct and not in_force:
-                    break
-                time_to_first_token(llm, length, seed=length)  # compile and tune this prefill's shapes
-                ttft = statistics.median(time_to_first_token(llm, length, seed=length + run + 1) for run in range(RUNS))
-            flops = model.prefill_flops(model.CONFIG, length)
+        times: dict[bool, list[float]] = {direct: [] for direct in ways}
+        for run in range(RUNS + 1):  # run 0 compiles and tunes this prefill's shapes, each way
+            for direct in ways:
+                with harness.direct_launch(direct):
+                    ttft = time_to_first_token(llm, length, seed=length + 2 * run + direct)  # a prompt never seen
+                if run:
+                    times[direct].append(ttft)
+        flops = model.prefill_flops(model.CONFIG, length)
+        through_triton = statistics.median(times[False])
+        for direct in ways:
+            ttft = statistics.median(times[direct])
             peer = harness.speedup(ttft, through_triton, "launch through Triton") if direct else "-"
             rows.append(Row("engine prefill" + (", direct launch" if direct else ""), f"b1 prompt{length}",
                             f"{ttft * 1e3:.1f} ms to first token", f"{length / ttft:.0f} tok/s",
                             harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
                             peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))
-            through_triton = ttft
     return rows
 
 

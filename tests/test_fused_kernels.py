@@ -192,8 +192,8 @@ def test_decode_split_count_depends_on_shapes_only():
 def test_every_decode_configuration_computes_the_same_attention():
     """The sweep's alternatives (more heads per program, other row blocks) against the reference,
     with head counts that leave a partial head block and contexts that end mid-block."""
-    candidates = attn.decode_candidates(torch.float32)
-    assert candidates[0] == attn.decode_config(torch.float32) and len(set(candidates)) == len(candidates)
+    candidates = attn.decode_candidates(torch.float32, 12)
+    assert candidates[0] == attn.decode_config(torch.float32, 12) and len(set(candidates)) == len(candidates)
     assert all(c.block_h % 16 == 0 and c.block_n % 16 == 0 for c in candidates)
     args = decode_inputs(12, 3, 40, 32, 16, 30, 8, 7)
     ref = mla_decode_reference(*args)
@@ -205,14 +205,24 @@ def test_every_decode_configuration_computes_the_same_attention():
     assert attn.decode_splits(4, 128, 8192, 132, 64) >= attn.decode_splits(4, 128, 8192, 132, 16)
 
 
-def test_the_decode_sweep_needs_a_gpu_and_a_positive_count(capsys):
+def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
+    """On a GPU, bf16 calls with 64 or more heads run 64 heads per program (each cache row read
+    once per 64 heads); fewer heads, and fp32 at any count, keep 16; the sweep starts from that."""
+    monkeypatch.setattr(attn, "compiled_for_gpu", lambda: True)
+    assert [attn.decode_config(torch.bfloat16, h).block_h for h in (16, 32, 63, 64, 128)] == [16, 16, 16, 64, 64]
+    assert {attn.decode_config(torch.float32, h).block_h for h in (16, 128)} == {16}
+    for heads in (16, 128):
+        assert attn.decode_candidates(torch.bfloat16, heads)[0] == attn.decode_config(torch.bfloat16, heads)
+
+
+def test_the_decode_sweep_needs_a_gpu_and_a_count_of_zero_or_more(capsys):
     from benchmarks import mla_sweep
 
     if not torch.cuda.is_available():
         assert mla_sweep.main([]) == 0 and "mla_sweep: no CUDA device: nothing to time" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
-        mla_sweep.main(["--top", "0"])
-    assert info.value.code == 2 and "--top: expected a positive number, got 0" in capsys.readouterr().err
+        mla_sweep.main(["--top", "-1"])
+    assert info.value.code == 2 and "--top: expected 0 or more, got -1" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache

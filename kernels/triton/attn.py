@@ -343,9 +343,13 @@ def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as :func:`kernels.ops.attn.mla_decode_reference`, split count by :func:`decode_splits`."""
-    splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device))
-    return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits)
+    """Same contract as :func:`kernels.ops.attn.mla_decode_reference`: the launch configuration
+    of :func:`decode_config`, the split count of :func:`decode_splits` for its heads per program."""
+    config = decode_config(q.dtype, q.shape[1])
+    splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device),
+                           config.block_h)
+    return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits,
+                             config)
 
 
 def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -366,7 +370,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     else:
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
-    config = config or decode_config(q.dtype)
+    config = config or decode_config(q.dtype, heads)
     grid = (cdiv(heads, config.block_h), splits, batch)
     _decode_kernel[grid](
         q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
@@ -392,23 +396,28 @@ class DecodeConfig:
     num_stages: int
 
 
-def decode_config(dtype: torch.dtype) -> DecodeConfig:
-    """The configuration every decode call uses. Compiled for sm_90 at R 512 + 64: 16 heads, 32
-    rows, 4 warps, 3 stages (in one H200 sweep at 32 sequences x 8192 tokens and 8 splits: 1.2x
-    faster than 8 warps with a bf16 cache, 1.5x with an FP8 cache; 16 or 64 rows and 2 warps were
-    slower); fp32 (IEEE dots) takes 16 rows."""
+def decode_config(dtype: torch.dtype, heads: int) -> DecodeConfig:
+    """The configuration a decode call of ``heads`` query heads uses. Compiled for sm_90 at
+    R 512 + 64, from one H200 sweep (``benchmarks.mla_sweep``, 2026-12-02, 32 sequences, 64-slot
+    pages): up to 63 heads, 16 heads per program, 32 rows, 4 warps, 2 stages (8192 tokens x 16
+    heads: 1.04x 3 stages with a bf16 cache, 1.18x with an FP8 one; 8 warps and 32 heads per
+    program slower); from 64 heads, 64 heads per program and 8 warps, 3 stages (4096 tokens x
+    128 heads: 1.49x the 16-head programs, each cache row read twice instead of eight times).
+    fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
         return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
-    return DecodeConfig(_DECODE_HEADS, 32, 4, 3)
+    if heads >= 64:
+        return DecodeConfig(64, 32, 8, 3)
+    return DecodeConfig(_DECODE_HEADS, 32, 4, 2)
 
 
-def decode_candidates(dtype: torch.dtype) -> list[DecodeConfig]:
-    """:func:`decode_config` first, then the alternatives ``benchmarks.mla_sweep`` times: more
+def decode_candidates(dtype: torch.dtype, heads: int) -> list[DecodeConfig]:
+    """:func:`decode_config` first, then the alternatives ``benchmarks.mla_sweep`` times: other
     heads per program (fewer re-reads of each cache row when there are many heads, fuller
-    tensor-core tiles), other row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
-    default = decode_config(dtype)
+    tensor-core tiles), row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
+    default = decode_config(dtype, heads)
     others = [DecodeConfig(h, n, w, st) for h in (16, 32, 64) for n in (16, 32) for w in (4, 8) for st in (2, 3)]
     return [default] + [c for c in others if c != default]
 

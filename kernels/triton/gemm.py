@@ -61,6 +61,11 @@ class Config:
     group_m: int = 8
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
 
+    def label(self) -> str:
+        """Short form for tables: ``128x128 split1 w8 s4 tma``."""
+        return (f"{self.block_m}x{self.block_n} split{self.split_k} w{self.num_warps} s{self.num_stages}"
+                + (" tma" if self.tma else ""))
+
 
 @triton.jit
 def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
