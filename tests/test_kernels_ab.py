@@ -179,7 +179,7 @@ def test_every_gemm_tile_shape_and_split_k_matches_reference():
             assert (out.float() - ref.float()).abs().max() <= tol.atol + tol.rtol * ref.float().abs().max(), config
 
 
-def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
+def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
     """Prefill shapes load their tiles through TMA descriptors where the operands allow it: the
     same products and sums in the same order, so the same bits; an operand starting off a 16-byte
     boundary keeps the pointer loads."""
@@ -196,6 +196,11 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
             pointer = launch(a, sa, b, sb, out_dtype, Config(bm, bn, split, 4, 3))
             through_tma = launch(a, sa, b, sb, out_dtype, Config(bm, bn, split, 4, 3, tma=True))
             assert torch.equal(pointer, through_tma), (bm, bn, split, out_dtype)
+            if split == 1:  # persistent programs, as if on 3 SMs: each loops over several tiles
+                with monkeypatch.context() as patch:
+                    patch.setattr(gemm, "num_sms", lambda device: 3)
+                    persistent = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True, persistent=True))
+                assert torch.equal(pointer, persistent), (bm, bn, "persistent", out_dtype)
     if gemm.has_tma(a.device):
         assert choose_config(a, sa, b, sb, torch.bfloat16).tma, "prefill shapes default to TMA where it runs"
         assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "M <= 256 keeps the pointer loads"
@@ -207,6 +212,11 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits():
     assert any(c.tma for c in gemm.candidates(64, 2112, 7168, 132, tma=True))  # but the tuner times them
     with pytest.raises(ValueError, match="needs TMA on the device and 16-byte-aligned operands"):
         launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
+    with pytest.raises(ValueError, match="persistent tiles need TMA and no K split"):
+        launch(a, sa, b, sb, torch.bfloat16, Config(64, 64, 3, 4, 3, tma=True, persistent=True))
+    prefill = gemm.candidates(4096, 2112, 7168, 132, tma=True)
+    assert not prefill[0].persistent and prefill[-1].persistent  # timed by the tuner, never the default
+    assert not any(c.persistent for c in gemm.candidates(64, 2112, 7168, 132, tma=True))
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):

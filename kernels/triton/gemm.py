@@ -11,6 +11,8 @@ the device has TMA (compute capability 9.x and later; Triton's interpreter runs 
 both operands start 16-byte aligned; for other shapes the tuner times the TMA tiles beside the
 pointer ones. Both compute the same products and sums in the same order (rows past M and
 columns past N read as zeros instead of wrapped rows, and are never stored): the same bits.
+For prefill shapes the tuner also times persistent TMA programs (one per SM, each looping over
+output tiles), again with the same bits.
 Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call runs on the
 pointer loads, says so once, and the process offers TMA no more.
 
@@ -41,7 +43,7 @@ except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: no
 
 from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .common import cdiv, next_power_of_2, num_sms, round_to_dtype
+from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 
 # Fewer K blocks than this per split would leave each program too little work to pipeline.
@@ -60,11 +62,12 @@ class Config:
     num_stages: int
     group_m: int = 8
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
+    persistent: bool = False  # with tma and no K split: one program per SM loops over the tiles
 
     def label(self) -> str:
         """Short form for tables: ``128x128 split1 w8 s4 tma``."""
         return (f"{self.block_m}x{self.block_n} split{self.split_k} w{self.num_warps} s{self.num_stages}"
-                + (" tma" if self.tma else ""))
+                + (" tma" if self.tma else "") + (" persistent" if self.persistent else ""))
 
 
 @triton.jit
@@ -173,6 +176,42 @@ def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm
     _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
+@triton.jit
+def _persistent_tile(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, tile, M, N, stride_asm, stride_ask, stride_bsn, stride_cm,
+                     K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+    """One output tile of the persistent kernel, computed as the TMA kernel computes it."""
+    pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    as_ptrs, bs_ptrs = _scale_pointers(as_ptr, bs_ptr, pid_m, pid_n, 0, M, N, stride_asm, stride_ask, stride_bsn,
+                                       BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in range(K_BLOCKS):
+        a = a_desc.load([pid_m * BLOCK_M, i * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, i * BLOCK_K])
+        acc = _add_scaled(acc, tl.dot(a, b.T), as_ptrs + i * stride_ask, bs_ptrs + i, BLOCK_N, BLOCK_K)
+    _store_tile(acc, c_ptr, pid_m, pid_n, tl.program_id(1), M, N, 0, stride_cm, BLOCK_M, BLOCK_N, 1)
+
+
+@triton.jit  # not @direct, like the TMA kernel
+def _fp8_gemm_tma_persistent_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn,
+                                    stride_cm, K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, COMPILED: tl.constexpr):
+    # The TMA kernel without K splits, each program taking tiles pid, pid + programs, ... in the
+    # grouped order: every tile computed as there (the same bits); compiled, the loop over tiles
+    # is flattened with the K loop, so the next tile's loads can start during this one's epilogue.
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if COMPILED:
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+            _persistent_tile(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, tile, M, N, stride_asm, stride_ask, stride_bsn,
+                             stride_cm, K_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:  # the interpreter's range takes no tensor bounds
+        tile = tl.program_id(0)
+        while tile < tiles:
+            _persistent_tile(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, tile, M, N, stride_asm, stride_ask, stride_bsn,
+                             stride_cm, K_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+            tile += tl.num_programs(0)
+
+
 @direct
 @triton.jit
 def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -223,7 +262,8 @@ def _cuda_capability(device: torch.device) -> int:
 def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[Config]:
     """The configurations worth timing for this shape; the first is the untimed default. With
     ``tma`` every tile is also offered through TMA descriptors: first for prefill shapes (M above
-    256, where TMA is the default), last for the others (timed by the tuner, never the default)."""
+    256, where TMA is the default), last for the others (timed by the tuner, never the default);
+    prefill shapes also get each TMA tile as persistent programs, timed last."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
         tiles = [(min(bucket, 64), 64, 4, 4), (min(bucket, 64), 128, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)]
@@ -242,6 +282,8 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[
     if tma:  # the same tiles through TMA: first for prefill shapes (the default), after the others for the rest
         through_tma = [replace(c, tma=True) for c in configs]
         configs = through_tma + configs if bucket > 256 else configs + through_tma
+        if bucket > 256:  # and, timed last, persistent: one program per SM looping over the tiles
+            configs += [replace(c, persistent=True) for c in through_tma]
     return configs
 
 
@@ -277,9 +319,19 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     shape = dict(K_BLOCKS=k // BLOCK, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, SPLIT_K=split,
                  GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages)
     split_stride = target.stride(0) if split > 1 else 0
+    if config.persistent and not (config.tma and split == 1):
+        raise ValueError(f"gemm.fp8_block: {config}: persistent tiles need TMA and no K split")
     if config.tma:
         a_desc = TensorDescriptor(a, [m, k], [k, 1], [config.block_m, BLOCK])
         b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
+    if config.persistent:
+        programs = min(grid[0], num_sms(a.device))
+        _fp8_gemm_tma_persistent_kernel[(programs, 1)](a_desc, a_scale, b_desc, b_scale, out, m, n, a_scale.stride(0),
+                                                       a_scale.stride(1), b_scale.stride(0), n, K_BLOCKS=k // BLOCK,
+                                                       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
+                                                       GROUP_M=config.group_m, COMPILED=compiled_for_gpu(),
+                                                       num_warps=config.num_warps, num_stages=config.num_stages)
+    elif config.tma:
         _fp8_gemm_tma_kernel[grid](a_desc, a_scale, b_desc, b_scale, target, m, n, a_scale.stride(0), a_scale.stride(1),
                                    b_scale.stride(0), split_stride, n, **shape)
     else:
