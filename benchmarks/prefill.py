@@ -43,7 +43,7 @@ def measure(args) -> list[Row]:
     longest = max(LENGTHS)
     llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=longest + 64,
               max_num_batched_tokens=longest + 64)
-    with harness.direct_launch(True) as direct_available:
+    with harness.direct_launch(True) as direct_available:  # asks only whether this Triton allows it
         pass
     ways = (False, True) if direct_available else (False,)
     rows = []

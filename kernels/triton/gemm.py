@@ -326,11 +326,10 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
         b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
     if config.persistent:
         programs = min(grid[0], num_sms(a.device))
+        shape.pop("SPLIT_K")
         _fp8_gemm_tma_persistent_kernel[(programs, 1)](a_desc, a_scale, b_desc, b_scale, out, m, n, a_scale.stride(0),
-                                                       a_scale.stride(1), b_scale.stride(0), n, K_BLOCKS=k // BLOCK,
-                                                       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
-                                                       GROUP_M=config.group_m, COMPILED=compiled_for_gpu(),
-                                                       num_warps=config.num_warps, num_stages=config.num_stages)
+                                                       a_scale.stride(1), b_scale.stride(0), n, COMPILED=compiled_for_gpu(),
+                                                       **shape)
     elif config.tma:
         _fp8_gemm_tma_kernel[grid](a_desc, a_scale, b_desc, b_scale, target, m, n, a_scale.stride(0), a_scale.stride(1),
                                    b_scale.stride(0), split_stride, n, **shape)
