@@ -5,7 +5,8 @@
 M in {1, 64, 128, 4096}; (N, K) in {(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168)}.
 By default each shape runs Triton's untimed default configuration (``ENGINE_OPS_TUNE=0``):
 tuning compiles every candidate of every shape, about a minute on its own. ``--tune`` times the
-configuration the engine would tune to. A vendor or TileLang backend is timed through the
+configuration the engine would tune to, then prints the tuner's three fastest candidates per
+shape beside the default (not written to the table). Each Triton row names its configuration. A vendor or TileLang backend is timed through the
 registry's implementation (its scale-layout conversion included; TileLang's compile happens in
 the warm-up calls, outside the timing). cuBLAS gets the same FP8 codes with
 row-wise scales (the first scale of each activation row, each weight row's block scale): the
@@ -83,10 +84,31 @@ def measure(args) -> list[Row]:
     return rows
 
 
+def tuner_rows(top: int = 3) -> list[Row]:
+    """Per tuned shape, the untimed default and the ``top`` fastest candidates the tuner timed
+    (CUDA-graph replays), to set the defaults from."""
+    from kernels.triton.gemm import TIMED
+
+    rows = []
+    for (bucket, n, k, out_dtype, _device, _tma), (default, timed) in TIMED.items():
+        default_ms = next((ms for ms, config in timed if config == default), None)
+        shape = f"M<={bucket}x{n}x{k} {str(out_dtype).removeprefix('torch.')}"
+        for rank, (ms, config) in enumerate(timed[:top], 1):
+            rows.append(Row(f"#{rank} {config.label()}", shape, f"{ms:.4f} ms", "-", "-",
+                            harness.speedup(ms, default_ms, "default") if default_ms else "-",
+                            f"default {default.label()}" + (f" {default_ms:.4f} ms" if default_ms else ": failed")))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--tune", action="store_true", help="time the tuned configuration instead of each shape's default")
-    return harness.run("gemm.fp8_block backends vs cuBLAS FP8 row-wise", measure, p.parse_args(argv))
+    p.add_argument("--tune", action="store_true",
+                   help="time the tuned configuration instead of each shape's default, then list the tuner's fastest")
+    args = p.parse_args(argv)
+    code = harness.run("gemm.fp8_block backends vs cuBLAS FP8 row-wise", measure, args)
+    if args.tune and code == 0 and tuner_rows():
+        harness.print_rows(tuner_rows(), "gemm.fp8_block: the tuner's fastest candidates per shape (printed, not written)")
+    return code
 
 
 if __name__ == "__main__":

@@ -295,3 +295,27 @@ def test_backend_rows_check_each_output_and_ratio_to_triton(monkeypatch):
     rows = backends.measure_case("quant.act_quant", "5x256", make, ["triton", "tilelang"], False, lambda ms: ("t", "c"))
     assert rows[1] == harness.Row("quant.act_quant tilelang", "5x256", "-", "-", "-", "-",
                                   "declines this call: tensors are not on a CUDA device")
+
+
+def test_gemm_tuner_rows_rank_the_timed_candidates_against_the_default(monkeypatch):
+    """With --tune the GEMM benchmark lists, per tuned shape, the fastest candidates beside the
+    untimed default (its time, or that it failed to run)."""
+    from benchmarks import gemm as gemm_bench
+    from kernels.triton import gemm
+
+    configs = gemm.candidates(64, 2112, 7168, 132, tma=True)
+    default, others = configs[0], configs[1:4]
+    timed = sorted([(0.010, default), (0.008, others[0]), (0.009, others[1]), (0.012, others[2])], key=lambda t: t[0])
+    missing = gemm.candidates(4096, 7168, 16384, 132, tma=True)
+    monkeypatch.setattr(gemm, "TIMED", {
+        (64, 2112, 7168, torch.bfloat16, torch.device("cuda", 0), True): (default, timed),
+        (4096, 7168, 16384, torch.bfloat16, torch.device("cuda", 0), True): (missing[0], [(0.9, missing[1])]),
+    })
+    rows = gemm_bench.tuner_rows(top=2)
+    assert [(r.benchmark, r.shape, r.time) for r in rows] == [
+        (f"#1 {others[0].label()}", "M<=64x2112x7168 bfloat16", "0.0080 ms"),
+        (f"#2 {others[1].label()}", "M<=64x2112x7168 bfloat16", "0.0090 ms"),
+        (f"#1 {missing[1].label()}", "M<=4096x7168x16384 bfloat16", "0.9000 ms"),
+    ]
+    assert rows[0].vs_peer == harness.speedup(0.008, 0.010, "default") and rows[0].notes == f"default {default.label()} 0.0100 ms"
+    assert rows[2].vs_peer == "-" and rows[2].notes == f"default {missing[0].label()}: failed"
