@@ -240,7 +240,7 @@ def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, c
 
     monkeypatch.setattr(gemm, "_fp8_gemm_tma_kernel", FailingTma())
     monkeypatch.setattr(gemm, "_TMA_FAILED", [])
-    monkeypatch.setattr(gemm, "_TUNED", {})
+    monkeypatch.setattr(gemm, "TIMED", {})
     out = gemm.fp8_block(a, sa, b, sb)
     assert torch.equal(out, gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(128, 128, 1, 8, 4)))
     assert (out.float() - fp8_block_reference(a, sa, b, sb).float()).abs().max() <= 0.05
