@@ -22,6 +22,7 @@ from .harness import Row
 
 TOKENS = 16384
 HIDDEN = 7168
+STORE_TOKENS = 65536
 
 
 def decode_inputs(batch: int, heads: int, context: int, fp8: bool = False, page: int = 16, dev: str = "cuda") -> tuple[tuple, dict]:
@@ -35,6 +36,22 @@ def decode_inputs(batch: int, heads: int, context: int, fp8: bool = False, page:
     q = torch.randn(batch, heads, 576, device=dev, dtype=bf16)
     kwargs = {"kv_scale": torch.rand(batch * width, page, device=dev)} if fp8 else {}
     return (q, cache, tables, lens, 192 ** -0.5, 512), kwargs
+
+
+def store_inputs(fp8: bool, tokens: int = STORE_TOKENS, page: int = 16, dev: str = "cuda") -> tuple[tuple, dict]:
+    """``kv.store`` arguments: ``tokens`` bf16 latent (512) and rope (64) rows scattered to a random
+    permutation of the slots of a zeroed bf16 or FP8 cache of ``page``-slot blocks."""
+    bf16 = torch.bfloat16
+    cache = torch.zeros(tokens // page, page, 576, device=dev, dtype=FP8 if fp8 else bf16)
+    slots = torch.randperm(tokens, device=dev)
+    args = (torch.randn(tokens, 512, device=dev, dtype=bf16), torch.randn(tokens, 64, device=dev, dtype=bf16), cache, slots)
+    return args, ({"scale": torch.zeros(tokens // page, page, device=dev)} if fp8 else {})
+
+
+def store_bytes(fp8: bool, tokens: int = STORE_TOKENS) -> int:
+    """Bytes one ``kv.store`` call must move: the bf16 rows read, the cache rows written (and their
+    scales), the int64 slots read."""
+    return tokens * 576 * (3 if fp8 else 4) + tokens * (12 if fp8 else 8)
 
 
 def decode_bytes(batch: int, heads: int, context: int, row_bytes: int, page: int = 16) -> int:
@@ -70,26 +87,20 @@ def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
     def swiglu():
         return (torch.randn(TOKENS, 2 * 4096, device=dev, dtype=bf16),), {}
 
-    def store(fp8: bool, tokens: int = 65536, page: int = 16):
-        def make():
-            cache = torch.zeros(tokens // page, page, 576, device=dev, dtype=FP8 if fp8 else bf16)
-            slots = torch.randperm(tokens, device=dev)
-            args = (torch.randn(tokens, 512, device=dev, dtype=bf16), torch.randn(tokens, 64, device=dev, dtype=bf16), cache, slots)
-            return args, ({"scale": torch.zeros(tokens // page, page, device=dev)} if fp8 else {})
-        return make
+    def store(fp8: bool):
+        return lambda: store_inputs(fp8)
 
     def decode(batch: int, heads: int, context: int, fp8: bool = False):
         return lambda: decode_inputs(batch, heads, context, fp8)
 
-    store_rows = 65536 * 576
     return [
         ("norm.rmsnorm", "rmsnorm", f"{TOKENS}x{HIDDEN} bf16", rmsnorm(False), 2 * n * 2, 0.0),
         ("norm.rmsnorm", "rmsnorm+residual", f"{TOKENS}x{HIDDEN} bf16", rmsnorm(True), 4 * n * 2, 0.0),
         ("rope.apply", "rope", f"{TOKENS}x128x64 bf16", rope, 2 * TOKENS * 128 * 64 * 2 + TOKENS * (8 + 64 * 4), 0.0),
         ("quant.act_quant", "act_quant", f"{TOKENS}x{HIDDEN} bf16", act_quant, n * 2 + n + n // 128 * 4, 0.0),
         ("act.swiglu", "swiglu", f"{TOKENS}x{2 * 4096} bf16", swiglu, TOKENS * 4096 * (4 + 2), 0.0),
-        ("kv.store", "kv.store", "65536 tok, 512+64 bf16", store(False), store_rows * 4 + 65536 * 8, 0.0),
-        ("kv.store", "kv.store fp8", "65536 tok, 512+64 -> fp8", store(True), store_rows * 3 + 65536 * 12, 0.0),
+        ("kv.store", "kv.store", f"{STORE_TOKENS} tok, 512+64 bf16", store(False), store_bytes(False), 0.0),
+        ("kv.store", "kv.store fp8", f"{STORE_TOKENS} tok, 512+64 -> fp8", store(True), store_bytes(True), 0.0),
         ("attn.mla_decode", "mla_decode", "b32 h16 ctx8192 page16 bf16", decode(32, 16, 8192), decode_bytes(32, 16, 8192, 1152), 0.0),
         ("attn.mla_decode", "mla_decode fp8 cache", "b32 h16 ctx8192 page16", decode(32, 16, 8192, True), decode_bytes(32, 16, 8192, 580), 0.0),
         ("attn.mla_decode", "mla_decode", "b32 h128 ctx4096 page16 bf16", decode(32, 128, 4096), decode_bytes(32, 128, 4096, 1152),

@@ -203,13 +203,14 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
                 assert torch.equal(pointer, persistent), (bm, bn, "persistent", out_dtype)
     if gemm.has_tma(a.device):
         assert choose_config(a, sa, b, sb, torch.bfloat16).tma, "prefill shapes default to TMA where it runs"
-        assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "M <= 256 keeps the pointer loads"
+        assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "narrow outputs at M <= 256 keep the pointer loads"
     shifted = torch.empty(m * k + 1, dtype=a.dtype, device=DEVICE)[1:].view(m, k)
     shifted.copy_(a)
     assert not gemm.tma_usable(shifted, b) and not choose_config(shifted, sa, b, sb, torch.bfloat16).tma
     assert torch.equal(gemm.fp8_block(shifted, sa, b, sb), gemm.fp8_block(a, sa, b, sb))
-    assert [c.tma for c in gemm.candidates(64, 2112, 7168, 132, tma=True)][0] is False  # never the default there
-    assert any(c.tma for c in gemm.candidates(64, 2112, 7168, 132, tma=True))  # but the tuner times them
+    for m, n, default_tma in ((64, 2112, True), (128, 24576, True), (128, 2112, False)):  # the tuner's choices
+        configs = gemm.candidates(m, n, 7168, 132, tma=True)
+        assert configs[0].tma is default_tma and {c.tma for c in configs} == {True, False}, (m, n)  # both timed
     with pytest.raises(ValueError, match="needs TMA on the device and 16-byte-aligned operands"):
         launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
     with pytest.raises(ValueError, match="persistent tiles need TMA and no K split"):
@@ -258,3 +259,30 @@ def test_gemm_rejects_a_split_that_does_not_divide_k():
     b, sb = quantize_weight(torch.randn(64, 384, generator=generator(2)).to(DEVICE))
     with pytest.raises(ValueError, match="split_k=2 does not divide the 3 K blocks"):
         launch(a, sa, b, sb, torch.float32, Config(16, 64, 2, 4, 3))
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_kv_store_launch_gives_the_reference_bits(fp8):
+    """Every launch the store sweep times (rows per block, warps, blocks per program, pipeline
+    depth) writes the reference's bits, padding rows skipped and row tails masked."""
+    from kernels.ops.kv import store_reference
+    from kernels.ops.quant import FP8
+    from kernels.triton.kv import StoreConfig, store_candidates, store_config, store_with
+
+    gen = generator(5)
+    tokens, blocks, page = 37, 8, 8
+    slots = torch.randperm(blocks * page, generator=gen)[:tokens]
+    slots[-5:] = -1
+    latent, rope = torch.randn(tokens, 64, generator=gen), torch.randn(tokens, 16, generator=gen) * 4
+    latent, rope, slots = latent.to(DEVICE, torch.bfloat16), rope.to(DEVICE, torch.bfloat16), slots.to(DEVICE)
+    cache = torch.randn(blocks, page, 80, generator=gen).to(DEVICE, FP8 if fp8 else torch.bfloat16)
+    scale = torch.rand(blocks, page, generator=gen).to(DEVICE) if fp8 else None
+    expected = store_reference(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None)
+    configs = {StoreConfig(2, 2, 4, 2), StoreConfig(8, 4, 8, 3), StoreConfig(4, 4, 32, 4)}
+    assert configs <= set(store_candidates(tokens, 128, fp8)), "the test's launches are among the candidates"
+    for config in sorted(configs, key=StoreConfig.label):
+        got = store_with(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None, config)
+        for out, ref in zip(got if fp8 else (got,), expected if fp8 else (expected,)):
+            assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8)), config.label()
+    assert store_config(65536, 576, fp8) == (StoreConfig(4, 2, 8, 3) if fp8 else StoreConfig(4, 2)), "the sweep's choice"
+    assert store_config(tokens, 128, fp8).blocks == 1, "few rows: one block per program"

@@ -6,10 +6,10 @@ Each program computes a BLOCK_M x BLOCK_N tile over 128-wide K blocks (the scale
 across programs; the partial tiles then go to an fp32 workspace that a second kernel sums in a
 fixed order, so for a given configuration results never depend on scheduling.
 
-Prefill configurations (M above 256) load the A and B tiles through TMA tensor descriptors where
-the device has TMA (compute capability 9.x and later; Triton's interpreter runs them too) and
-both operands start 16-byte aligned; for other shapes the tuner times the TMA tiles beside the
-pointer ones. Both compute the same products and sums in the same order (rows past M and
+Most default configurations (prefill, decode up to 64 rows, most 128-row shapes) load the A and
+B tiles through TMA tensor descriptors where the device has TMA (compute capability 9.x and later;
+Triton's interpreter runs them too) and both operands start 16-byte aligned; the tuner times the
+TMA and the pointer tiles side by side. Both compute the same products and sums in the same order (rows past M and
 columns past N read as zeros instead of wrapped rows, and are never stored): the same bits.
 For prefill shapes the tuner also times persistent TMA programs (one per SM, each looping over
 output tiles), again with the same bits.
@@ -261,17 +261,11 @@ def _cuda_capability(device: torch.device) -> int:
 
 def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[Config]:
     """The configurations worth timing for this shape; the first is the untimed default. With
-    ``tma`` every tile is also offered through TMA descriptors: first for prefill shapes (M above
-    256, where TMA is the default), last for the others (timed by the tuner, never the default);
-    prefill shapes also get each TMA tile as persistent programs, timed last."""
+    ``tma`` every tile is also offered through TMA descriptors; the default takes them where the
+    tuner found them fastest (see :func:`_tiles`); prefill shapes also get each TMA tile as
+    persistent programs, timed last."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
-    if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
-        tiles = [(min(bucket, 64), 64, 4, 4), (min(bucket, 64), 128, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)]
-    elif bucket <= 256:
-        tiles = [(64, 128, 4, 4), (128, 128, 8, 4), (64, 64, 4, 4), (128, 64, 8, 4)]
-    else:  # prefill: compute-bound. Wider tiles (128x256, 256x128) spill: the partial product
-        # and the accumulator are both live, twice the registers of a plain GEMM.
-        tiles = [(128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 5), (128, 64, 8, 4), (64, 256, 8, 4)]
+    tiles, default_tma = _tiles(bucket, n, num_sms)
     configs = []
     for bm, bn, warps, stages in tiles:
         split = _split_for(cdiv(m, bm) * cdiv(n, bn), k_blocks, num_sms) if bucket <= 256 else 1
@@ -279,12 +273,32 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[
             config = Config(bm, bn, s, warps, stages)
             if config not in configs:
                 configs.append(config)
-    if tma:  # the same tiles through TMA: first for prefill shapes (the default), after the others for the rest
+    if tma:
         through_tma = [replace(c, tma=True) for c in configs]
-        configs = through_tma + configs if bucket > 256 else configs + through_tma
+        configs = through_tma[:1] + configs + through_tma[1:] if default_tma else configs + through_tma
         if bucket > 256:  # and, timed last, persistent: one program per SM looping over the tiles
             configs += [replace(c, persistent=True) for c in through_tma]
     return configs
+
+
+def _tiles(bucket: int, n: int, num_sms: int) -> tuple[list[tuple[int, int, int, int]], bool]:
+    """``(block_m, block_n, warps, stages)`` candidates of an M bucket, the default first, and
+    whether the default loads through TMA (where the device allows). The defaults are the tuner's
+    choices on an H200 at the DeepSeek-V3 shapes (``benchmarks.gemm --tune``, 2026-12-02): up to
+    64 rows a 128-wide TMA tile (1.2-1.9x the 64-wide pointer tile at three of four shapes); at
+    128 rows the tile that fills about one wave with its K splits: 64 x 128 when 128-wide
+    columns alone make a wave, 128 x 64 for narrow outputs (pointer loads there), else 128 x 128."""
+    if bucket <= 64:  # decode: bandwidth-bound, fill the SMs
+        bm = min(bucket, 64)
+        return [(bm, 128, 4, 4), (bm, 64, 4, 4), (16, 64, 4, 5), (64, 64, 4, 3)], True
+    if bucket <= 256:
+        columns = cdiv(n, 128)
+        first = (64, 128, 4, 4) if columns >= num_sms else (128, 64, 8, 4) if columns < 32 else (128, 128, 8, 4)
+        others = [t for t in [(64, 128, 4, 4), (128, 128, 8, 4), (64, 64, 4, 4), (128, 64, 8, 4)] if t != first]
+        return [first] + others, first != (128, 64, 8, 4)
+    # prefill: compute-bound. Wider tiles (128x256, 256x128) spill: the partial product and the
+    # accumulator are both live, twice the registers of a plain GEMM.
+    return [(128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 5), (128, 64, 8, 4), (64, 256, 8, 4)], True
 
 
 @functools.lru_cache(maxsize=4096)

@@ -6,16 +6,24 @@ slots) are masked out of every store: nothing is written for them. With an FP8 c
 amax, scale and codes are computed in registers, with the reference's IEEE division (as
 :func:`div_rows_rn`: a reciprocal per row and two FMAs per element) and round-to-nearest-even,
 so codes and scales are bitwise equal to it.
+
+A launch is described by :class:`StoreConfig`: rows per block, warps, and how many consecutive
+row blocks one program walks (``blocks``), with the loop's software-pipelining depth
+(``num_stages``: the next blocks' loads issued while the current block is reduced and stored).
+:func:`store_config` gives the default for a row count, :func:`store_candidates` what
+``benchmarks.kv_sweep`` times against it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
-from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
+from .common import MIN_PROGRAMS, cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -29,21 +37,74 @@ def _fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
     return fp8e4m3_bits(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), HARDWARE_CAST)
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """One launch of the store kernel: ``rows`` per block (a power of two), ``num_warps``, and each
+    program walking ``blocks`` consecutive blocks in a loop pipelined ``num_stages`` deep."""
+
+    rows: int
+    num_warps: int = 2
+    blocks: int = 1
+    num_stages: int = 1
+
+    def label(self) -> str:
+        return f"r{self.rows} w{self.num_warps} b{self.blocks} s{self.num_stages}"
+
+
+# An FP8 cache's rows: blocks per program and pipeline depth (kv_sweep, H200, 2026-12-02: 8 blocks
+# 3 deep 1.17x one block at 65536 rows; a bf16 cache gained nothing from the loop).
+_FP8_BLOCKS, _FP8_STAGES = 8, 3
+
+
+def store_config(n_rows: int, row_elems: int, fp8: bool) -> StoreConfig:
+    """The default launch for ``n_rows`` rows of ``row_elems`` (padded) elements: about 4096
+    elements per block, two warps; into an FP8 cache each program walks up to ``_FP8_BLOCKS``
+    blocks, fewer when that would leave fewer than ``MIN_PROGRAMS`` programs."""
+    rows = rows_per_program(n_rows, row_elems)
+    blocks = _FP8_BLOCKS if fp8 else 1
+    while blocks > 1 and cdiv(n_rows, rows * blocks) < MIN_PROGRAMS:
+        blocks //= 2
+    return StoreConfig(rows, 2, blocks, _FP8_STAGES if blocks > 1 else 1)
+
+
+def store_candidates(n_rows: int, row_elems: int, fp8: bool) -> list[StoreConfig]:
+    """The default first, then the alternatives ``benchmarks.kv_sweep`` times."""
+    default = store_config(n_rows, row_elems, fp8)
+    others = [StoreConfig(rows, warps, blocks, stages) for rows in (2, 4, 8) for warps in (2, 4)
+              for blocks, stages in ((1, 1), (4, 2), (8, 3), (8, 4), (16, 3), (16, 4), (32, 4))]
+    return [default] + [c for c in others if c != default]
+
+
 @direct
 @triton.jit
 def _store_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_latent, stride_rope,
                   RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                  ROWS: tl.constexpr, FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+                  ROWS: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr, FP8_CACHE: tl.constexpr,
+                  HARDWARE_CAST: tl.constexpr):
+    for block in tl.range(0, BLOCKS, num_stages=STAGES):
+        rows = (tl.program_id(0).to(tl.int64) * BLOCKS + block) * ROWS + tl.arange(0, ROWS)
+        _store_rows(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, rows, n_rows, stride_latent, stride_rope,
+                    RANK, ROPE, BLOCK_R, BLOCK_D, FP8_CACHE, HARDWARE_CAST)
+
+
+@triton.jit
+def _store_rows(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, rows, n_rows, stride_latent, stride_rope,
+                RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+    """Rows ``rows`` (one block) read and written to their slots."""
     in_range = rows < n_rows
     slots = tl.load(slots_ptr + rows, mask=in_range, other=-1).to(tl.int64)
     write = in_range & (slots >= 0)
     r = tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
+    # The loads are masked by the row range only, so they do not wait for the slots; the stores
+    # skip padding rows.
+    latent = tl.load(latent_ptr + rows[:, None] * stride_latent + r[None, :],
+                     mask=in_range[:, None] & (r < RANK)[None, :], other=0.0).to(tl.float32)
+    rope = tl.load(rope_ptr + rows[:, None] * stride_rope + d[None, :],
+                   mask=in_range[:, None] & (d < ROPE)[None, :], other=0.0).to(tl.float32)
     r_mask = write[:, None] & (r < RANK)[None, :]
     d_mask = write[:, None] & (d < ROPE)[None, :]
-    latent = tl.load(latent_ptr + rows[:, None] * stride_latent + r[None, :], mask=r_mask, other=0.0).to(tl.float32)
-    rope = tl.load(rope_ptr + rows[:, None] * stride_rope + d[None, :], mask=d_mask, other=0.0).to(tl.float32)
     dst = cache_ptr + slots[:, None] * (RANK + ROPE)
     if FP8_CACHE:
         # One group per row, spread over the two tiles; masked lanes hold 0 and never raise it.
@@ -61,16 +122,23 @@ def _store_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows,
 def store(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
           scale: torch.Tensor | None = None):
     """Same contract as :func:`kernels.ops.kv.store_reference`."""
+    return store_with(latent, rope, cache, slots, scale, None)
+
+
+def store_with(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+               scale: torch.Tensor | None, config: StoreConfig | None):
+    """:func:`store` with launch ``config`` (None: :func:`store_config`'s default)."""
     fp8 = cache.dtype == FP8
     _validate(latent, rope, cache, slots, scale, fp8)
     n_rows, rank, rope_dim = latent.shape[0], latent.shape[1], rope.shape[1]
     if n_rows:
         block_r, block_d = next_power_of_2(rank), next_power_of_2(rope_dim)
-        rows = rows_per_program(n_rows, block_r + block_d)
-        _store_kernel[(cdiv(n_rows, rows),)](
+        config = config or store_config(n_rows, block_r + block_d, fp8)
+        _store_kernel[(cdiv(n_rows, config.rows * config.blocks),)](
             latent, rope, slots, cache.view(torch.uint8) if fp8 else cache, scale if fp8 else cache,
             n_rows, latent.stride(0), rope.stride(0), RANK=rank, ROPE=rope_dim, BLOCK_R=block_r,
-            BLOCK_D=block_d, ROWS=rows, FP8_CACHE=fp8, HARDWARE_CAST=compiled_for_gpu(), num_warps=2,
+            BLOCK_D=block_d, ROWS=config.rows, BLOCKS=config.blocks, STAGES=config.num_stages, FP8_CACHE=fp8,
+            HARDWARE_CAST=compiled_for_gpu(), num_warps=config.num_warps,
         )
     return (cache, scale) if fp8 else cache
 

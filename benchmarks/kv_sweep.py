@@ -1,0 +1,90 @@
+"""The Triton ``kv.store`` kernel's launch configurations side by side, to choose its defaults.
+``python -m benchmarks.kv_sweep [--top N]`` (prints, writes nothing; ``--top 0`` times the defaults alone).
+
+At the memory-bound benchmark's size (65536 rows scattered over a paged cache, bf16 and FP8
+cache), every candidate of :func:`kernels.triton.kv.store_candidates` (rows per block, warps,
+blocks per program and the loop's pipeline depth) writes a zeroed cache, is checked bitwise
+against the reference (the op's outputs are exact), and is timed (median of ``do_bench``). Per
+cache the ``--top`` fastest are printed beside the default with their share of the copy bandwidth;
+a candidate the compiler rejects is a row with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from . import harness
+from .harness import Row
+from .ops import STORE_TOKENS, store_bytes, store_inputs
+
+
+def _exact(got, expected) -> bool:
+    pairs = zip(got, expected) if isinstance(expected, tuple) else [(got, expected)]
+    return all(torch.equal(g.view(torch.uint8), e.view(torch.uint8)) for g, e in pairs)
+
+
+def candidate_row(label: str, args: tuple, kwargs: dict, config, expected, nbytes: int) -> tuple[float, Row]:
+    """``(ms, row)`` of one configuration; ``ms`` is infinite when it failed or was wrong."""
+    from kernels.triton.kv import store_with
+
+    latent, rope, cache, slots = args
+    scale = kwargs.get("scale")
+    name = f"kv.store {config.label()}"
+    try:
+        got = store_with(latent, rope, torch.zeros_like(cache), slots, None if scale is None else torch.zeros_like(scale), config)
+        if not _exact(got, expected):
+            return float("inf"), Row(name, label, "-", "-", "-", "-", "wrong: differs from the reference's bits")
+        ms = harness.median_ms(lambda: store_with(latent, rope, cache, slots, scale, config))
+    except Exception as exc:  # noqa: BLE001 - a configuration the compiler rejects is a row
+        return float("inf"), Row(name, label, "-", "-", "-", "-", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    copy = harness.copy_bandwidth()
+    return ms, Row(name, label, f"{ms:.4f} ms", f"{harness.tb_s(nbytes, ms):.2f} TB/s",
+                   harness.percent(nbytes / (ms * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s"))
+
+
+def measure(args) -> list[Row]:
+    from kernels import registry
+    from kernels.triton.kv import store_candidates
+
+    op = registry.get("kv.store")
+    rows = []
+    for fp8 in (False, True):
+        call_args, kwargs = store_inputs(fp8)
+        latent, rope, cache, slots = call_args
+        expected = op.reference(latent, rope, cache.clone(), slots, **{k: v.clone() for k, v in kwargs.items()})
+        label = f"{STORE_TOKENS} tok, 512+64 -> {'fp8' if fp8 else 'bf16'}"
+        timed = [candidate_row(label, call_args, kwargs, config, expected, store_bytes(fp8))
+                 for config in store_candidates(STORE_TOKENS, 512 + 64, fp8)[: None if args.top else 1]]
+        default_ms, default_row = timed[0]
+        rows.append(dataclasses.replace(default_row, benchmark=default_row.benchmark + " (default)"))
+        for ms, row in sorted(timed[1:], key=lambda t: t[0])[: args.top]:
+            peer = harness.speedup(ms, default_ms, "default") if ms < float("inf") else "-"
+            rows.append(Row(row.benchmark, row.shape, row.time, row.throughput, row.of_ceiling, peer, row.notes))
+        failed = [row for ms, row in timed[1:] if ms == float("inf")]
+        if failed:
+            rows.append(Row(f"{len(failed)} of {len(timed) - 1} alternatives failed or were wrong", label, "-", "-", "-", "-",
+                            failed[0].notes))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--top", type=int, default=6,
+                   help="fastest alternatives shown per cache (default 6; 0 times the defaults alone)")
+    args = p.parse_args(argv)
+    if args.top < 0:
+        p.error(f"--top: expected 0 or more, got {args.top}")
+    reason = harness.no_gpu_reason()
+    if reason:
+        print(f"kv_sweep: {reason}: nothing to time", file=sys.stderr)
+        return 0
+    harness.print_rows(measure(args), "kv.store launch configurations (Triton)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
