@@ -42,8 +42,9 @@ _LOG2E = math.log2(math.e)
 # tl.dot needs every dimension >= 16 on the GPU.
 _MIN_DOT = 16
 _DECODE_HEADS = 16
-# A split should have at least this many context tokens, or the merge costs more than it saves.
-_MIN_SPLIT_TOKENS = 256
+# A split should have at least this many context tokens (two 32-row blocks), or the merge costs
+# more than it saves.
+_MIN_SPLIT_TOKENS = 64
 _MAX_SPLITS = 64
 
 
