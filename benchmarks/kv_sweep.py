@@ -11,7 +11,6 @@ a candidate the compiler rejects is a row with the reason.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
@@ -72,18 +71,8 @@ def measure(args) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--top", type=int, default=6,
-                   help="fastest alternatives shown per cache (default 6; 0 times the defaults alone)")
-    args = p.parse_args(argv)
-    if args.top < 0:
-        p.error(f"--top: expected 0 or more, got {args.top}")
-    reason = harness.no_gpu_reason()
-    if reason:
-        print(f"kv_sweep: {reason}: nothing to time", file=sys.stderr)
-        return 0
-    harness.print_rows(measure(args), "kv.store launch configurations (Triton)")
-    return 0
+    return harness.run_sweep(argv, "kv_sweep", __doc__.split("\n\n")[0], "cache", 6, measure,
+                             "kv.store launch configurations (Triton)")
 
 
 if __name__ == "__main__":

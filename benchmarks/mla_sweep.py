@@ -13,7 +13,6 @@ shared memory) is a row with the reason.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
@@ -89,18 +88,8 @@ def measure(args) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--top", type=int, default=5,
-                   help="fastest alternatives shown per shape (default 5; 0 times the defaults alone)")
-    args = p.parse_args(argv)
-    if args.top < 0:
-        p.error(f"--top: expected 0 or more, got {args.top}")
-    reason = harness.no_gpu_reason()
-    if reason:
-        print(f"mla_sweep: {reason}: nothing to time", file=sys.stderr)
-        return 0
-    harness.print_rows(measure(args), "attn.mla_decode launch configurations (Triton)")
-    return 0
+    return harness.run_sweep(argv, "mla_sweep", __doc__.split("\n\n")[0], "shape", 5, measure,
+                             "attn.mla_decode launch configurations (Triton)")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
-#   sweep      python -m benchmarks.mla_sweep (the decode kernel's launch configurations side by side)
-#              and python -m benchmarks.gemm --tune (the configurations the GEMM tuner picks, TMA tiles included)
+#   sweep      python -m benchmarks.mla_sweep and benchmarks.kv_sweep (the decode and kv.store kernels'
+#              launch configurations side by side) and python -m benchmarks.gemm --tune (the configurations the GEMM tuner picks, TMA tiles included)
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
 #              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
@@ -116,6 +116,7 @@ if want bench; then
   done
 fi
 want sweep && step mla-sweep 300 $PY -m benchmarks.mla_sweep
+want sweep && step kv-sweep 200 $PY -m benchmarks.kv_sweep
 want sweep && step gemm-tuned 300 $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"
 VLIMIT=${VENDOR_LIMIT:-420}
 want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py

@@ -319,3 +319,15 @@ def test_gemm_tuner_rows_rank_the_timed_candidates_against_the_default(monkeypat
     ]
     assert rows[0].vs_peer == harness.speedup(0.008, 0.010, "default") and rows[0].notes == f"default {default.label()} 0.0100 ms"
     assert rows[2].vs_peer == "-" and rows[2].notes == f"default {missing[0].label()}: failed"
+
+
+@pytest.mark.parametrize("name", ["mla_sweep", "kv_sweep"])
+def test_a_sweep_needs_a_gpu_and_a_count_of_zero_or_more(name, capsys):
+    import importlib
+
+    sweep = importlib.import_module(f"benchmarks.{name}")
+    if not torch.cuda.is_available():
+        assert sweep.main([]) == 0 and f"{name}: no CUDA device: nothing to time" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        sweep.main(["--top", "-1"])
+    assert info.value.code == 2 and "--top: expected 0 or more, got -1" in capsys.readouterr().err

@@ -215,16 +215,6 @@ def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
         assert attn.decode_candidates(torch.bfloat16, heads)[0] == attn.decode_config(torch.bfloat16, heads)
 
 
-def test_the_decode_sweep_needs_a_gpu_and_a_count_of_zero_or_more(capsys):
-    from benchmarks import mla_sweep
-
-    if not torch.cuda.is_available():
-        assert mla_sweep.main([]) == 0 and "mla_sweep: no CUDA device: nothing to time" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        mla_sweep.main(["--top", "-1"])
-    assert info.value.code == 2 and "--top: expected 0 or more, got -1" in capsys.readouterr().err
-
-
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache
 
 
