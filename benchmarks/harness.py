@@ -216,21 +216,3 @@ def run(title: str, measure: Callable[[argparse.Namespace], list[Row]], args: ar
         print(f"{len(rows)} row(s) appended to {args.out}")
     return 0
 
-
-def run_sweep(argv: list[str] | None, name: str, description: str, what: str, default_top: int,
-              measure: Callable[[argparse.Namespace], list[Row]], title: str) -> int:
-    """The command line of a launch-configuration sweep (prints, writes nothing): ``--top N``
-    fastest alternatives per ``what`` (0: the defaults alone); exit 2 for a negative count, 0
-    with a message and nothing timed without a GPU."""
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
-    p.add_argument("--top", type=int, default=default_top,
-                   help=f"fastest alternatives shown per {what} (default {default_top}; 0 times the defaults alone)")
-    args = p.parse_args(argv)
-    if args.top < 0:
-        p.error(f"--top: expected 0 or more, got {args.top}")
-    reason = no_gpu_reason()
-    if reason:
-        print(f"{name}: {reason}: nothing to time", file=sys.stderr)
-        return 0
-    print_rows(measure(args), title)
-    return 0

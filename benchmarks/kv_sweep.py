@@ -11,12 +11,11 @@ a candidate the compiler rejects is a row with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 
-from . import harness
+from . import harness, sweep
 from .harness import Row
 from .ops import STORE_TOKENS, store_bytes, store_inputs
 
@@ -36,10 +35,10 @@ def candidate_row(label: str, args: tuple, kwargs: dict, config, expected, nbyte
     try:
         got = store_with(latent, rope, torch.zeros_like(cache), slots, None if scale is None else torch.zeros_like(scale), config)
         if not _exact(got, expected):
-            return float("inf"), Row(name, label, "-", "-", "-", "-", "wrong: differs from the reference's bits")
+            return sweep.failed(name, label, "wrong: differs from the reference's bits")
         ms = harness.median_ms(lambda: store_with(latent, rope, cache, slots, scale, config))
     except Exception as exc:  # noqa: BLE001 - a configuration the compiler rejects is a row
-        return float("inf"), Row(name, label, "-", "-", "-", "-", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        return sweep.failed(name, label, sweep.compile_failure(exc))
     copy = harness.copy_bandwidth()
     return ms, Row(name, label, f"{ms:.4f} ms", f"{harness.tb_s(nbytes, ms):.2f} TB/s",
                    harness.percent(nbytes / (ms * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s"))
@@ -58,21 +57,13 @@ def measure(args) -> list[Row]:
         label = f"{STORE_TOKENS} tok, 512+64 -> {'fp8' if fp8 else 'bf16'}"
         timed = [candidate_row(label, call_args, kwargs, config, expected, store_bytes(fp8))
                  for config in store_candidates(STORE_TOKENS, 512 + 64, fp8)[: None if args.top else 1]]
-        default_ms, default_row = timed[0]
-        rows.append(dataclasses.replace(default_row, benchmark=default_row.benchmark + " (default)"))
-        for ms, row in sorted(timed[1:], key=lambda t: t[0])[: args.top]:
-            peer = harness.speedup(ms, default_ms, "default") if ms < float("inf") else "-"
-            rows.append(Row(row.benchmark, row.shape, row.time, row.throughput, row.of_ceiling, peer, row.notes))
-        failed = [row for ms, row in timed[1:] if ms == float("inf")]
-        if failed:
-            rows.append(Row(f"{len(failed)} of {len(timed) - 1} alternatives failed or were wrong", label, "-", "-", "-", "-",
-                            failed[0].notes))
+        rows += sweep.ranked_rows(timed, args.top, label)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    return harness.run_sweep(argv, "kv_sweep", __doc__.split("\n\n")[0], "cache", 6, measure,
-                             "kv.store launch configurations (Triton)")
+    return sweep.run(argv, "kv_sweep", __doc__.split("\n\n")[0], "cache", 6, measure,
+                     "kv.store launch configurations (Triton)")
 
 
 if __name__ == "__main__":

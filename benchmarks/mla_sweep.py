@@ -13,12 +13,11 @@ shared memory) is a row with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 
-from . import harness
+from . import harness, sweep
 from .harness import Row
 from .ops import decode_bytes, decode_flops, decode_inputs
 
@@ -38,10 +37,10 @@ def candidate_row(label: str, make_args, config, splits: int, reference: torch.T
         out = run()
         error = (out.float() - reference.float()).abs().max().item()
         if error > tolerance.atol + tolerance.rtol * reference.float().abs().max().item():
-            return float("inf"), Row(name, label, "-", "-", "-", "-", f"wrong: max |out - ref| {error:.3g}")
+            return sweep.failed(name, label, f"wrong: max |out - ref| {error:.3g}")
         ms = harness.median_ms(run)
     except Exception as exc:  # noqa: BLE001 - a configuration the compiler rejects is a row
-        return float("inf"), Row(name, label, "-", "-", "-", "-", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        return sweep.failed(name, label, sweep.compile_failure(exc))
     if flops:
         ceiling = harness.bf16_gemm_flops()
         rate = harness.percent(flops / (ms * 1e-3), ceiling, f"cuBLAS bf16 {ceiling / 1e12:.0f} TFLOP/s")
@@ -73,23 +72,14 @@ def measure(args) -> list[Row]:
         timed = []
         for config in decode_candidates(q.dtype, heads)[: None if args.top else 1]:
             splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h)
-            timed.append((*candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops), config))
-        default_ms, default_row, _ = timed[0]
-        best = sorted(timed[1:], key=lambda t: t[0])[: args.top]
-        rows.append(dataclasses.replace(default_row, benchmark=default_row.benchmark + " (default)"))
-        for ms, row, _ in best:
-            peer = harness.speedup(ms, default_ms, "default") if ms < float("inf") else "-"
-            rows.append(Row(row.benchmark, row.shape, row.time, row.throughput, row.of_ceiling, peer, row.notes))
-        failed = [row for ms, row, _ in timed[1:] if ms == float("inf")]
-        if failed:
-            rows.append(Row(f"{len(failed)} of {len(timed) - 1} alternatives failed or were wrong", label, "-", "-", "-", "-",
-                            failed[0].notes))
+            timed.append(candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops))
+        rows += sweep.ranked_rows(timed, args.top, label)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    return harness.run_sweep(argv, "mla_sweep", __doc__.split("\n\n")[0], "shape", 5, measure,
-                             "attn.mla_decode launch configurations (Triton)")
+    return sweep.run(argv, "mla_sweep", __doc__.split("\n\n")[0], "shape", 5, measure,
+                     "attn.mla_decode launch configurations (Triton)")
 
 
 if __name__ == "__main__":

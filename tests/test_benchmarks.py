@@ -331,3 +331,18 @@ def test_a_sweep_needs_a_gpu_and_a_count_of_zero_or_more(name, capsys):
     with pytest.raises(SystemExit) as info:
         sweep.main(["--top", "-1"])
     assert info.value.code == 2 and "--top: expected 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_a_sweep_ranks_the_alternatives_against_the_default_and_counts_the_failures():
+    from benchmarks import sweep
+
+    def row(name, ms):
+        return harness.Row(name, "shape", f"{ms:.4f} ms", "-")
+
+    timed = [(0.010, row("default", 0.010)), (0.012, row("slow", 0.012)), sweep.failed("bad", "shape", "failed: E: why"),
+             (0.008, row("fast", 0.008)), sweep.failed("wrong", "shape", "wrong: differs")]
+    rows = sweep.ranked_rows(timed, top=2, label="shape")
+    assert [r.benchmark for r in rows] == ["default (default)", "fast", "slow", "2 of 4 alternatives failed or were wrong"]
+    assert rows[1].vs_peer == harness.speedup(0.008, 0.010, "default") == "1.25x default"
+    assert rows[3].notes == "failed: E: why" and rows[0].vs_peer == "-"
+    assert sweep.compile_failure(ValueError("out of shared memory\ndetail")) == "failed: ValueError: out of shared memory"
