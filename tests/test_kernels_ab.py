@@ -286,3 +286,21 @@ def test_every_kv_store_launch_gives_the_reference_bits(fp8):
             assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8)), config.label()
     assert store_config(65536, 576, fp8) == (StoreConfig(4, 2, 8, 3) if fp8 else StoreConfig(4, 2)), "the sweep's choice"
     assert store_config(tokens, 128, fp8).blocks == 1, "few rows: one block per program"
+
+
+def test_the_tuners_time_every_candidate_that_runs_and_rank_them(monkeypatch):
+    """The GEMM and fused-experts tuners share one timing loop: candidates the compiler rejects
+    are left out, the rest ranked fastest first; none running is an error naming the call."""
+    from kernels.triton import tuning
+
+    times = {"narrow": 2.0, "wide": 1.0}
+    monkeypatch.setattr(tuning.triton.testing, "do_bench_cudagraph", lambda fn, rep: (fn(), times[fn()])[1])
+
+    def run(config):
+        if config == "huge":
+            raise RuntimeError("out of shared memory")
+        return config
+
+    assert tuning.time_candidates(["narrow", "huge", "wide"], run, "op") == [(1.0, "wide"), (2.0, "narrow")]
+    with pytest.raises(RuntimeError, match="op at M=3: no candidate configuration ran: out of shared memory"):
+        tuning.time_candidates(["huge"], run, "op at M=3")

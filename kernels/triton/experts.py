@@ -39,6 +39,7 @@ from .attn import dot_f32
 from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, silu_f32
 from .launch import direct
 from .quant import act_quant, quantize_groups
+from .tuning import time_candidates
 
 
 @dataclass(frozen=True)
@@ -344,18 +345,8 @@ def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale
     if torch.cuda.is_current_stream_capturing() or not tuning_enabled():
         return configs[0]
     args = (x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt)
-    timings, last_error = [], None
-    for config in configs:
-        try:
-            ms = triton.testing.do_bench_cudagraph(lambda c=config: launch(*args, c), rep=20)
-        except Exception as exc:  # noqa: BLE001 - a config the compiler rejects (e.g. out of shared memory) is skipped
-            last_error = exc
-            continue
-        timings.append((ms, config))
-    if not timings:
-        raise RuntimeError(f"moe.fused_experts: no candidate configuration ran for {pairs} pairs, w13 "
-                           f"{tuple(w13.shape)}: {last_error}")
-    _TUNED[key] = min(timings, key=lambda t: t[0])[1]
+    timed = time_candidates(configs, lambda c: launch(*args, c), f"moe.fused_experts for {pairs} pairs, w13 {tuple(w13.shape)}")
+    _TUNED[key] = timed[0][1]
     return _TUNED[key]
 
 

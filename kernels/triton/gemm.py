@@ -45,6 +45,7 @@ from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
+from .tuning import time_candidates
 
 # Fewer K blocks than this per split would leave each program too little work to pipeline.
 _MIN_K_BLOCKS_PER_SPLIT = 4
@@ -372,19 +373,8 @@ def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
     if a.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
         return default_config(m, n, k, sms, tma)
     configs = candidates(m, n, k, sms, tma)
-    timings, last_error = [], None
-    for config in configs:
-        try:
-            # Timed as CUDA graph replays: decode calls are microseconds long, and the host's
-            # launch overhead would otherwise decide the choice.
-            ms = triton.testing.do_bench_cudagraph(lambda c=config: launch(a, a_scale, b, b_scale, out_dtype, c), rep=20)
-        except Exception as exc:  # noqa: BLE001 - a config the compiler rejects (e.g. out of shared memory) is skipped
-            last_error = exc
-            continue
-        timings.append((ms, config))
-    if not timings:
-        raise RuntimeError(f"gemm.fp8_block: no candidate configuration ran for M={m}, N={n}, K={k}: {last_error}")
-    TIMED[key] = configs[0], sorted(timings, key=lambda t: t[0])
+    TIMED[key] = configs[0], time_candidates(configs, lambda c: launch(a, a_scale, b, b_scale, out_dtype, c),
+                                             f"gemm.fp8_block at M={m}, N={n}, K={k}")
     return TIMED[key][1][0][1]
 
 
