@@ -5,13 +5,15 @@ One request at a time, a fresh random prompt each run (so the prefix cache never
 time to first token is the wall time of ``generate`` with one new token (prefill, logits,
 sampling), median of five runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
 with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each length runs with
-every Triton kernel launched through Triton and launched directly after its first call
-(:mod:`kernels.triton.launch`; the second row, where Triton's version allows it), the two ways
-taking turns run by run, so that a drift of the host's speed reaches both alike.
+every Triton kernel launched through Triton, launched directly after its first call
+(:mod:`kernels.triton.launch`, where Triton's version allows it), and replayed from the engine's
+prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
+run, so that a drift of the host's speed reaches them alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -35,6 +37,17 @@ def time_to_first_token(llm, length: int, seed: int) -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def prefill_graphs(llm, on: bool):
+    """The engine's prefill graphs in use inside the block when ``on``, else set aside."""
+    saved = llm.runner.prefill_graphs
+    llm.runner.prefill_graphs = saved if on else None
+    try:
+        yield
+    finally:
+        llm.runner.prefill_graphs = saved
+
+
 def measure(args) -> list[Row]:
     from engine import LLM
 
@@ -42,25 +55,26 @@ def measure(args) -> list[Row]:
     gemm = harness.bf16_gemm_flops()
     longest = max(LENGTHS)
     llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=longest + 64,
-              max_num_batched_tokens=longest + 64)
+              max_num_batched_tokens=longest + 64, prefill_graph_tokens=LENGTHS)
     with harness.direct_launch(True) as direct_available:  # asks only whether this Triton allows it
         pass
-    ways = (False, True) if direct_available else (False,)
+    # (row suffix, direct launch, prefill graph); the first is the peer of the others
+    ways = [("", False, False)] + ([(", direct launch", True, False)] if direct_available else []) + [(", CUDA graph", False, True)]
     rows = []
     for length in LENGTHS:
-        times: dict[bool, list[float]] = {direct: [] for direct in ways}
+        times: dict[str, list[float]] = {name: [] for name, _, _ in ways}
         for run in range(RUNS + 1):  # run 0 compiles and tunes this prefill's shapes, each way
-            for direct in ways:
-                with harness.direct_launch(direct):
-                    ttft = time_to_first_token(llm, length, seed=length + 2 * run + direct)  # a prompt never seen
+            for i, (name, direct, graph) in enumerate(ways):
+                with harness.direct_launch(direct), prefill_graphs(llm, graph):
+                    ttft = time_to_first_token(llm, length, seed=length + len(ways) * run + i)  # a prompt never seen
                 if run:
-                    times[direct].append(ttft)
+                    times[name].append(ttft)
         flops = model.prefill_flops(model.CONFIG, length)
-        through_triton = statistics.median(times[False])
-        for direct in ways:
-            ttft = statistics.median(times[direct])
-            peer = harness.speedup(ttft, through_triton, "launch through Triton") if direct else "-"
-            rows.append(Row("engine prefill" + (", direct launch" if direct else ""), f"b1 prompt{length}",
+        through_triton = statistics.median(times[""])
+        for name, _, _ in ways:
+            ttft = statistics.median(times[name])
+            peer = harness.speedup(ttft, through_triton, "launch through Triton") if name else "-"
+            rows.append(Row("engine prefill" + name, f"b1 prompt{length}",
                             f"{ttft * 1e3:.1f} ms to first token", f"{length / ttft:.0f} tok/s",
                             harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
                             peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))

@@ -182,6 +182,8 @@ class EngineConfig:
     ``max_model_len`` None means :func:`default_max_model_len`. ``expert_parallel`` splits
     the routed experts across the ranks of the initialized torch.distributed default group
     (see :mod:`engine.parallel`); every rank then steps in lockstep with the others.
+    ``prefill_graph_tokens`` lists the token counts at which prefill steps of fresh prompts are
+    captured as CUDA graphs (:mod:`engine.prefill_graphs`; empty: none; not under expert parallelism).
     """
 
     model_dir: str
@@ -194,6 +196,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    prefill_graph_tokens: tuple[int, ...] = ()
     seed: int = 0
     expert_parallel: bool = False
     model: ModelConfig = field(init=False)
@@ -209,6 +212,10 @@ class EngineConfig:
             raise ValueError("block_size and max_num_seqs must be positive")
         self.model = check_checkpoint(self.model_dir)  # config.json and the shards' headers, before anything loads
         self.max_model_len = min(self.max_model_len or default_max_model_len(self.model), self.model.max_position_embeddings)
+        self.prefill_graph_tokens = tuple(self.prefill_graph_tokens)
+        if not all(isinstance(n, int) and 0 < n <= self.max_num_batched_tokens for n in self.prefill_graph_tokens):
+            raise ValueError(f"prefill_graph_tokens must be token counts from 1 to max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens}, got {self.prefill_graph_tokens}")
         if self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= max_model_len={self.max_model_len}")
 

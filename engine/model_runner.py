@@ -1,7 +1,8 @@
 """Runs the model for one scheduled step: packs the batch metadata, forwards, samples.
 
 Owns the weights, the paged KV cache (one ``[num_blocks, block_size, kv_lora_rank + rope_dim]``
-tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs. The step's
+tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs (and, where
+``prefill_graph_tokens`` asks for them, the prefill graphs). The step's
 metadata is packed into tensors once, on the host, by ``engine._C`` (or its Python twin);
 a decode step never synchronizes with the host until its results are read back, in one copy
 (:class:`engine.sampler.ResultReader`).
@@ -24,6 +25,7 @@ from .loader import CheckpointWeights, LoadContext
 from .models.deepseek_v3 import DeepseekV3
 from .native import host_ops
 from .parallel.expert_parallel import ExpertParallel, StepPlan
+from .prefill_graphs import PrefillGraphs
 from .sampler import ResultReader, SamplingBatch, sample_packed
 from .sequence import Sequence
 
@@ -65,6 +67,11 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager:
             prepare = self.ep.prepare_capture if self.ep is not None else None
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device, prepare)
+        self.prefill_graphs = None
+        if config.prefill_graph_tokens and self.ep is None:
+            capture = self.device.type == "cuda" and not config.enforce_eager
+            self.prefill_graphs = PrefillGraphs(self.model, list(config.prefill_graph_tokens), config.max_num_seqs,
+                                                self.device, capture)
         self.reader = ResultReader(config.max_num_seqs, self.device)
 
     def _default_num_blocks(self, width: int) -> int:
@@ -114,8 +121,12 @@ class ModelRunner:
         A decode step on captured graphs makes no host synchronization."""
         bs = self.config.block_size
         if is_prefill:
-            ids, pos, slots, ctx, cu_q, cu_k, last = self._to_device(self.ops.pack_prefill(
-                [s.token_ids for s in seqs], [s.num_cached_tokens for s in seqs], [s.block_table for s in seqs], bs))
+            packed = self.ops.pack_prefill([s.token_ids for s in seqs], [s.num_cached_tokens for s in seqs],
+                                           [s.block_table for s in seqs], bs)
+            size = self.prefill_graphs.size_for(seqs, packed[0].shape[0]) if self.prefill_graphs is not None else None
+            if size is not None:
+                return self.prefill_graphs.run(seqs, packed, size)
+            ids, pos, slots, ctx, cu_q, cu_k, last = self._to_device(packed)
             self._plan(ids.shape[0], False)
             logits = self.model.logits(self.model(ids, pos, AttentionMeta(True, slots, ctx, cu_q, cu_k))[last])
             return logits, sample_packed(logits, SamplingBatch.of(seqs, self.device))

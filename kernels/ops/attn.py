@@ -23,7 +23,8 @@ def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     (int32, B + 1 entries). Its queries are the *last* ``Lq`` of its ``Lk >= Lq`` tokens (the
     keys before them are a cached prefix), so query ``i`` attends keys ``0 .. Lk - Lq + i``.
     Scores are ``softmax_scale * q.k``; softmax and the weighted sum in fp32; output [T, H, Dv]
-    in q's dtype. Prefill is not captured in a graph: reading the offsets on the host is allowed.
+    in q's dtype. This reference reads the offsets on the host; a backend whose prefill is captured
+    in a graph (the engine's opt-in prefill graphs) must not.
     """
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

@@ -187,12 +187,14 @@ def mla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     batch = cu_seqlens_q.shape[0] - 1
     if t == 0 or batch == 0:
         return out
-    # Prefill is not captured in a graph: the longest query run is read on the host, and checked.
-    lens_q, lens_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-    max_q, excess = torch.stack([lens_q.max(), (lens_q - lens_k).max()]).tolist()
-    if excess > 0:
-        raise ValueError(f"attn.mla_prefill: a sequence has more queries than keys (by {excess}); its queries "
-                         "must be the last of its keys")
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # a prefill graph: no host read; T bounds every query run
+        max_q = t
+    else:  # the longest query run, read on the host, and checked
+        lens_q, lens_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        max_q, excess = torch.stack([lens_q.max(), (lens_q - lens_k).max()]).tolist()
+        if excess > 0:
+            raise ValueError(f"attn.mla_prefill: a sequence has more queries than keys (by {excess}); its queries "
+                             "must be the last of its keys")
     d_main, d_tail = _split_head_dim(dqk)
     block_m, block_n, warps, stages = _prefill_config(q.dtype)
     grid = (cdiv(max_q, block_m), batch, heads)
