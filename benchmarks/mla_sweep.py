@@ -9,6 +9,13 @@ program, is checked against the reference with the op's tolerance, and is timed 
 ``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
 the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
 shared memory) is a row with the reason.
+
+Then the split count at short contexts, where a call is latency-bound and the splits are what
+puts the SMs to work: at 16 heads and 16-slot pages, batch 1 and 32 with 200 and 1024 of a
+table's 272 and 1040 tokens (the decode profile's and a longer one), the default configuration
+at 1, 2, 4, 8 and 16 splits and at :func:`~kernels.triton.attn.decode_splits`' count (marked),
+each checked against the reference and timed as CUDA-graph replays (launch cost hidden, as in
+the engine's decode graphs), beside the chosen count.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from .ops import decode_bytes, decode_flops, decode_inputs
 
 SHAPES = ((32, 16, 8192, False), (32, 16, 8192, True), (32, 128, 4096, False))  # batch, heads, context, FP8 cache
 PAGE = 64
+SHORT = ((1, 200, 272), (32, 200, 272), (1, 1024, 1040), (32, 1024, 1040))  # batch, context, table tokens (16 heads)
 
 
 def candidate_row(label: str, make_args, config, splits: int, reference: torch.Tensor, tolerance, bytes_moved: int,
@@ -77,8 +85,38 @@ def measure(args) -> list[Row]:
     return rows
 
 
+def split_rows() -> list[Row]:
+    """The split counts at the short-context shapes, the chosen count first per shape."""
+    from kernels import registry
+    from kernels.tolerance import tolerance_for
+    from kernels.triton.attn import decode_splits, mla_decode_splits
+    from kernels.triton.common import num_sms
+
+    op = registry.get("attn.mla_decode")
+    rows = []
+    for batch, context, table in SHORT:
+        (q, cache, tables, lens, scale, rank), _ = decode_inputs(batch, 16, table, page=16)
+        lens.fill_(context)
+        reference = op.reference(q, cache, tables, lens, scale, rank)
+        tolerance = tolerance_for(q.dtype, op.tolerances)
+        chosen = decode_splits(batch, 16, table, num_sms(q.device))
+        label = f"b{batch} h16 ctx{context} of {table} page16 bf16 cache"
+        timed = []
+        for splits in [chosen] + sorted({1, 2, 4, 8, 16} - {chosen}):
+            name = f"mla_decode {splits} splits"
+            run = lambda n=splits: mla_decode_splits(q, cache, tables, lens, scale, rank, None, n)  # noqa: E731
+            error = (run().float() - reference.float()).abs().max().item()
+            if error > tolerance.atol + tolerance.rtol * reference.float().abs().max().item():
+                timed.append(sweep.failed(name, label, f"wrong: max |out - ref| {error:.3g}"))
+                continue
+            ms = harness.median_ms(run, graph=True)
+            timed.append((ms, Row(name, label, f"{ms * 1e3:.1f} us", "-", "-", "-", "CUDA-graph replays")))
+        rows += sweep.ranked_rows(timed, len(timed), label)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    return sweep.run(argv, "mla_sweep", __doc__.split("\n\n")[0], "shape", 5, measure,
+    return sweep.run(argv, "mla_sweep", __doc__.split("\n\n")[0], "shape", 5, lambda args: measure(args) + split_rows(),
                      "attn.mla_decode launch configurations (Triton)")
 
 
