@@ -59,7 +59,8 @@ def measure(args) -> list[Row]:
     with harness.direct_launch(True) as direct_available:  # asks only whether this Triton allows it
         pass
     # (row suffix, direct launch, prefill graph); the first is the peer of the others
-    ways = [("", False, False)] + ([(", direct launch", True, False)] if direct_available else []) + [(", CUDA graph", False, True)]
+    ways = [("", False, False), (", direct launch", True, False), (", CUDA graph", False, True)]
+    ways = [way for way in ways if direct_available or not way[1]]
     rows = []
     for length in LENGTHS:
         times: dict[str, list[float]] = {name: [] for name, _, _ in ways}

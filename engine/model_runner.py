@@ -1,11 +1,10 @@
 """Runs the model for one scheduled step: packs the batch metadata, forwards, samples.
 
 Owns the weights, the paged KV cache (one ``[num_blocks, block_size, kv_lora_rank + rope_dim]``
-tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs (and, where
-``prefill_graph_tokens`` asks for them, the prefill graphs). The step's
-metadata is packed into tensors once, on the host, by ``engine._C`` (or its Python twin);
-a decode step never synchronizes with the host until its results are read back, in one copy
-(:class:`engine.sampler.ResultReader`).
+tensor per layer) and, on CUDA unless ``enforce_eager``, the decode CUDA graphs (and the
+prefill graphs ``prefill_graph_tokens`` asks for). The step's metadata is packed into tensors
+once, on the host, by ``engine._C`` (or its Python twin); a decode step never synchronizes with
+the host until its results are read back, in one copy (:class:`engine.sampler.ResultReader`).
 
 Under expert parallelism (``EngineConfig.expert_parallel``) each step is first agreed with the
 other ranks (:meth:`engine.parallel.expert_parallel.ExpertParallel.plan_step`), and a rank

@@ -7,10 +7,11 @@ across programs; the partial tiles then go to an fp32 workspace that a second ke
 fixed order, so for a given configuration results never depend on scheduling.
 
 Most default configurations (prefill, decode up to 64 rows, most 128-row shapes) load the A and
-B tiles through TMA tensor descriptors where the device has TMA (compute capability 9.x and later;
-Triton's interpreter runs them too) and both operands start 16-byte aligned; the tuner times the
-TMA and the pointer tiles side by side. Both compute the same products and sums in the same order (rows past M and
-columns past N read as zeros instead of wrapped rows, and are never stored): the same bits.
+B tiles through TMA tensor descriptors where the device has TMA (compute capability 9.x and
+later; Triton's interpreter runs them too) and both operands start 16-byte aligned; the tuner
+times the TMA and the pointer tiles side by side. Both compute the same products and sums in
+the same order (rows past M and columns past N read as zeros instead of wrapped rows, and are
+never stored): the same bits.
 For prefill shapes the tuner also times persistent TMA programs (one per SM, each looping over
 output tiles), again with the same bits.
 Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call runs on the

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
-from .common import MIN_PROGRAMS, cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
+from .common import (MIN_PROGRAMS, cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype,
+                     rows_per_program)
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
