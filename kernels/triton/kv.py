@@ -71,7 +71,7 @@ def store_config(n_rows: int, row_elems: int, fp8: bool) -> StoreConfig:
 def store_candidates(n_rows: int, row_elems: int, fp8: bool) -> list[StoreConfig]:
     """The default first, then the alternatives ``benchmarks.kv_sweep`` times."""
     default = store_config(n_rows, row_elems, fp8)
-    others = [StoreConfig(rows, warps, blocks, stages) for rows in (2, 4, 8) for warps in (2, 4)
+    others = [StoreConfig(rows, warps, blocks, stages) for rows in (1, 2, 4, 8) for warps in (1, 2, 4)
               for blocks, stages in ((1, 1), (4, 2), (8, 3), (8, 4), (16, 3), (16, 4), (32, 4))]
     return [default] + [c for c in others if c != default]
 
