@@ -33,8 +33,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    parser.add_argument("--prefill-graph-tokens", type=_token_counts, default=(), metavar="N[,N...]",
+                        help="capture prefill steps of fresh prompts as CUDA graphs at these token counts (default: none)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     return parser.parse_args(argv)
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
-        llm = LLM(args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager)
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
+                  prefill_graph_tokens=args.prefill_graph_tokens)
         outputs = llm.generate(args.prompt, params)
     except ValueError as exc:  # CheckpointError included: one line naming the file and what is wrong
         print(f"error: {exc}", file=sys.stderr)

@@ -68,3 +68,18 @@ def test_cli_json_matches_the_api(ckpt):
 def test_cli_rejects_a_directory_without_config(tmp_path):
     proc = run_cli("--model", str(tmp_path), "--prompt", "x")
     assert proc.returncode == 2 and "config.json" in proc.stderr
+
+
+def test_cli_prefill_graph_tokens_are_parsed_and_checked(ckpt):
+    """Token counts reach the engine (on CPU the padded prefill runs eagerly: the same tokens);
+    a malformed list or a count the engine refuses exits 2 with one line."""
+    plain = run_cli("--model", str(ckpt), "--prompt", "hello there", "--max-tokens", "4", "--json")
+    padded = run_cli("--model", str(ckpt), "--prompt", "hello there", "--max-tokens", "4", "--json",
+                     "--prefill-graph-tokens", "16,64")
+    assert plain.returncode == padded.returncode == 0, padded.stderr
+    assert json.loads(padded.stdout)["outputs"][0]["token_ids"] == json.loads(plain.stdout)["outputs"][0]["token_ids"]
+    bad = run_cli("--model", str(ckpt), "--prompt", "x", "--prefill-graph-tokens", "16,lots")
+    assert bad.returncode == 2 and "expected comma-separated token counts, got '16,lots'" in bad.stderr
+    refused = run_cli("--model", str(ckpt), "--prompt", "x", "--prefill-graph-tokens", "0")
+    assert refused.returncode == 2 and "prefill_graph_tokens must be token counts" in refused.stderr
+    assert "Traceback" not in bad.stderr + refused.stderr
