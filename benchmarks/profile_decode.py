@@ -23,7 +23,7 @@ import torch
 from . import harness, model
 from .engine_decode import PROMPT, engine_run
 
-PROFILED_STEPS, TOP = 8, 14
+PROFILED_STEPS = 8
 
 
 def replay_ms(llm, batch: int) -> float:
@@ -82,7 +82,7 @@ def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], dict[s
     return dict(kernels), host, PROFILED_STEPS
 
 
-def report(llm, batch: int, copy_bps: float) -> str:
+def report(llm, batch: int, copy_bps: float, top: int) -> str:
     from engine import native
 
     from .engine_decode import graphs_off
@@ -107,28 +107,42 @@ def report(llm, batch: int, copy_bps: float) -> str:
              f"- GPU busy per step in a trace of {traced} ({launches:.0f} kernels per step): {busy_ms:.3f} ms; "
              f"the rest of the wall step, {max(wall_ms - busy_ms, 0):.3f} ms, the GPU waits on the host",
              "", "| kernel | ms per step | launches per step | share of GPU busy |", "|---|---|---|---|"]
-    for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:TOP]:
+    for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[: top or None]:
         lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} | {100 * us / 1e3 / n / busy_ms:.1f}% |")
     lines += ["", f"Host side, graph replays traced (self CPU time; the host ops ran `{native.status()['host_ops']}`):", "",
               "| host op | ms per step | calls per step |", "|---|---|---|"]
-    for name, (us, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[:TOP]:
+    for name, (us, count) in sorted(host.items(), key=lambda kv: -kv[1][0])[: top or None]:
         lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive batch sizes, got {text!r}")
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
-    parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
+    parser.add_argument("--batches", type=_batch_sizes, default=(1, 32), metavar="B[,B...]",
+                        help="comma-separated batch sizes (default 1,32)")
+    parser.add_argument("--top", type=int, default=14, help="kernels and host ops listed per table (default 14; 0: all)")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables to")
     args = parser.parse_args(argv)
+    if args.top < 0:
+        parser.error(f"--top: expected 0 or more, got {args.top}")
     reason = harness.no_gpu_reason()
     if reason:
         print(f"profile_decode: {reason}; nothing measured", file=sys.stderr)
         return 0
     from engine import LLM
 
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
     ckpt = model.checkpoint(args.model_dir)
     copy_bps = harness.copy_bandwidth()
     llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=max(batches), max_model_len=PROMPT + 128 + 16)
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_run(llm, batch, 4, seed=batch)  # compile and tune outside the measured runs
     env = harness.environment()
     text = f"## Decode profile {env['date']} ({env['device']}, torch {env['torch']}, Triton {env['triton']})\n\n"
-    text += "\n".join(report(llm, batch, copy_bps) for batch in batches)
+    text += "\n".join(report(llm, batch, copy_bps, args.top) for batch in batches)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

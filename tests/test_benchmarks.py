@@ -346,3 +346,14 @@ def test_a_sweep_ranks_the_alternatives_against_the_default_and_counts_the_failu
     assert rows[1].vs_peer == harness.speedup(0.008, 0.010, "default") == "1.25x default"
     assert rows[3].notes == "failed: E: why" and rows[0].vs_peer == "-"
     assert sweep.compile_failure(ValueError("out of shared memory\ndetail")) == "failed: ValueError: out of shared memory"
+
+
+@pytest.mark.parametrize("args, message", [(["--batches", "1,x"], "expected comma-separated positive batch sizes, got '1,x'"),
+                                           (["--batches", "0"], "expected comma-separated positive batch sizes, got '0'"),
+                                           (["--top", "-2"], "--top: expected 0 or more, got -2")])
+def test_the_decode_profile_refuses_bad_arguments(args, message, capsys):
+    from benchmarks import profile_decode
+
+    with pytest.raises(SystemExit) as info:
+        profile_decode.main(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err
