@@ -30,29 +30,39 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sorted(set(sizes + [max_batch]))
 
 
+def capture_each(sizes: list[int], forward: Callable[[int], tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+                 prepare: Callable[[int], None] | None, what: Callable[[int], str],
+                 way_out: str) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    """``forward(size)`` captured for every size, largest first, into one shared memory pool, each
+    after ``prepare(size)`` and an eager warm-up (which resolves every op's backend and compiles
+    and tunes the kernels outside capture): the graphs and their outputs per size. A capture that
+    fails raises RuntimeError naming ``what(size)`` and ``way_out``."""
+    graphs, outputs, pool = {}, {}, None
+    for size in reversed(sizes):
+        if prepare is not None:
+            prepare(size)
+        forward(size)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                outputs[size] = forward(size)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the way out
+            raise RuntimeError(f"capturing {what(size)} in a CUDA graph failed: {exc}; {way_out}") from exc
+        pool = graph.pool() if pool is None else pool
+        graphs[size] = graph
+    torch.cuda.synchronize(device)
+    return graphs, outputs
+
+
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, width: int, device: torch.device, prepare: Callable[[int], None] | None = None):
         self.model = model
         self.batch_sizes = graph_batch_sizes(max_batch)
         self.inputs = DecodeInputs(max_batch, width, device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        pool = None
-        for bs in reversed(self.batch_sizes):
-            if prepare is not None:
-                prepare(bs)
-            self._forward(bs)  # warm up: resolves every op's backend and compiles kernels outside capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs] = self._forward(bs)
-            except Exception as exc:  # noqa: BLE001 - re-raised with the way out
-                raise RuntimeError(f"capturing the decode step (batch {bs}) in a CUDA graph failed: {exc}; "
-                                   "pass enforce_eager=True to run without CUDA graphs") from exc
-            pool = graph.pool() if pool is None else pool
-            self.graphs[bs] = graph
-        torch.cuda.synchronize(device)
+        self.graphs, self.outputs = capture_each(self.batch_sizes, self._forward, device, prepare,
+                                                 lambda bs: f"the decode step (batch {bs})",
+                                                 "pass enforce_eager=True to run without CUDA graphs")
 
     @property
     def max_batch(self) -> int:

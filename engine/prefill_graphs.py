@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .cuda_graph import capture_each
 from .layers.attention import AttentionMeta
 from .sampler import SamplingBatch, sample_packed
 
@@ -37,25 +38,13 @@ class PrefillGraphs:
                                       torch.zeros(max_seqs, dtype=i64, device=dev))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if capture:
-            self._capture(dev)
+        if capture:  # warm-up and capture on one padding sequence
+            self.graphs, self.outputs = capture_each(self.sizes, self._forward, dev, self._pad_all,
+                                                     lambda size: f"the prefill step ({size} tokens)",
+                                                     "leave prefill_graph_tokens empty to prefill without graphs")
 
-    def _capture(self, device: torch.device) -> None:
-        pool = None
-        for size in reversed(self.sizes):
-            self.cu_seqlens[:, 1:] = size  # warm-up and capture on one padding sequence
-            self._forward(size)  # resolves backends, compiles and tunes kernels outside capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[size] = self._forward(size)
-            except Exception as exc:  # noqa: BLE001 - re-raised with the way out
-                raise RuntimeError(f"capturing the prefill step ({size} tokens) in a CUDA graph failed: {exc}; "
-                                   "leave prefill_graph_tokens empty to prefill without graphs") from exc
-            pool = graph.pool() if pool is None else pool
-            self.graphs[size] = graph
-        torch.cuda.synchronize(device)
+    def _pad_all(self, size: int) -> None:
+        self.cu_seqlens[:, 1:] = size
 
     def size_for(self, seqs, tokens: int) -> int | None:
         """The size a prefill of ``tokens`` tokens in ``seqs`` runs on, or None when it cannot (a

@@ -66,3 +66,40 @@ def test_a_cached_prefix_or_too_many_tokens_prefill_without_padding():
 def test_prefill_graph_tokens_are_checked(tokens):
     with pytest.raises(ValueError, match="prefill_graph_tokens must be token counts from 1 to max_num_batched_tokens"):
         LLM(CHECKPOINT_DIR, dtype="float32", device="cpu", prefill_graph_tokens=tokens)
+
+
+def test_graphs_are_captured_largest_first_after_a_warm_up_and_a_failure_names_the_way_out(monkeypatch):
+    """The capture loop the decode and prefill graphs share, with the CUDA calls replaced: each
+    size prepared, warmed up eagerly, then captured into the first graph's pool."""
+    import contextlib
+
+    from engine import cuda_graph
+
+    events = []
+
+    class Graph:
+        def pool(self):
+            return "pool"
+
+    @contextlib.contextmanager
+    def capture(graph, pool=None):
+        events.append(("capture", pool))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+
+    def forward(size):
+        events.append(("forward", size))
+        if size == 3 and events.count(("forward", 3)) == 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return size, size
+
+    graphs, outputs = cuda_graph.capture_each([1, 2], forward, "cpu", lambda s: events.append(("prepare", s)),
+                                              lambda s: f"step {s}", "way out")
+    assert sorted(graphs) == [1, 2] and outputs == {1: (1, 1), 2: (2, 2)}
+    assert events == [("prepare", 2), ("forward", 2), ("capture", None), ("forward", 2),
+                      ("prepare", 1), ("forward", 1), ("capture", "pool"), ("forward", 1)]
+    with pytest.raises(RuntimeError, match="capturing step 3 in a CUDA graph failed: operation not permitted .*; way out"):
+        cuda_graph.capture_each([3], forward, "cpu", None, lambda s: f"step {s}", "way out")
