@@ -27,12 +27,14 @@ PROMPT, NEW, BATCHES = 128, 128, (1, 32)
 
 
 @contextlib.contextmanager
-def graphs_off(llm):
-    saved, llm.runner.graphs = llm.runner.graphs, None
+def graphs_off(llm, which: str = "graphs"):
+    """The engine runner's ``which`` graphs (decode: ``graphs``; ``prefill_graphs``) set aside in the block."""
+    saved = getattr(llm.runner, which)
+    setattr(llm.runner, which, None)
     try:
         yield
     finally:
-        llm.runner.graphs = saved
+        setattr(llm.runner, which, saved)
 
 
 def random_prompts(batch: int, seed: int) -> list[list[int]]:

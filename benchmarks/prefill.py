@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from . import harness, model
+from .engine_decode import graphs_off
 from .harness import Row
 
 LENGTHS, RUNS = (1024, 8192), 5
@@ -35,17 +36,6 @@ def time_to_first_token(llm, length: int, seed: int) -> float:
     start = time.perf_counter()
     llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))
     return time.perf_counter() - start
-
-
-@contextlib.contextmanager
-def prefill_graphs(llm, on: bool):
-    """The engine's prefill graphs in use inside the block when ``on``, else set aside."""
-    saved = llm.runner.prefill_graphs
-    llm.runner.prefill_graphs = saved if on else None
-    try:
-        yield
-    finally:
-        llm.runner.prefill_graphs = saved
 
 
 def measure(args) -> list[Row]:
@@ -66,7 +56,7 @@ def measure(args) -> list[Row]:
         times: dict[str, list[float]] = {name: [] for name, _, _ in ways}
         for run in range(RUNS + 1):  # run 0 compiles and tunes this prefill's shapes, each way
             for i, (name, direct, graph) in enumerate(ways):
-                with harness.direct_launch(direct), prefill_graphs(llm, graph):
+                with harness.direct_launch(direct), contextlib.nullcontext() if graph else graphs_off(llm, "prefill_graphs"):
                     ttft = time_to_first_token(llm, length, seed=length + len(ways) * run + i)  # a prompt never seen
                 if run:
                     times[name].append(ttft)

@@ -16,9 +16,12 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
+
+from common.int_lists import comma_separated_ints
 
 from . import harness, model
 from .engine_decode import PROMPT, engine_run
@@ -116,20 +119,11 @@ def report(llm, batch: int, copy_bps: float, top: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive batch sizes, got {text!r}")
-    return sizes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
-    parser.add_argument("--batches", type=_batch_sizes, default=(1, 32), metavar="B[,B...]",
+    parser.add_argument("--batches", type=partial(comma_separated_ints, what="positive batch sizes", minimum=1),
+                        default=(1, 32), metavar="B[,B...]",
                         help="comma-separated batch sizes (default 1,32)")
     parser.add_argument("--top", type=int, default=14, help="kernels and host ops listed per table (default 14; 0: all)")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables to")

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from common.files import to_json
+from common.int_lists import comma_separated_ints
 
 from . import native
 from .llm import LLM
@@ -33,17 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
-    parser.add_argument("--prefill-graph-tokens", type=_token_counts, default=(), metavar="N[,N...]",
+    parser.add_argument("--prefill-graph-tokens", type=partial(comma_separated_ints, what="token counts"), default=(),
+                        metavar="N[,N...]",
                         help="capture prefill steps of fresh prompts as CUDA graphs at these token counts (default: none)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     return parser.parse_args(argv)
-
-
-def _token_counts(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
