@@ -169,7 +169,7 @@ def ci_matrix(c, json=False, images="", matrix=""):
     _exit(command(_matrix(matrix), images, json))
 
 
-@task(help={"only": "comma-separated families: ops, gemm, moe, engine_decode, prefill, engine_ep, vendor, engine_vendor, "
+@task(help={"only": "comma-separated families: ops, gemm, dense, moe, engine_decode, prefill, engine_ep, vendor, engine_vendor, "
                     "backends, host_overhead (default: all)",
             "out": "table to append rows to (default: docs/performance.md)", "no_write": "print the rows only"})
 def bench(c, only="", out="", no_write=False):

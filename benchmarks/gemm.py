@@ -89,15 +89,11 @@ def tuner_rows(top: int = 3) -> list[Row]:
     (CUDA-graph replays), to set the defaults from."""
     from kernels.triton.gemm import TIMED
 
-    rows = []
-    for (bucket, n, k, out_dtype, _device, _tma), (default, timed) in TIMED.items():
-        default_ms = next((ms for ms, config in timed if config == default), None)
-        shape = f"M<={bucket}x{n}x{k} {str(out_dtype).removeprefix('torch.')}"
-        for rank, (ms, config) in enumerate(timed[:top], 1):
-            rows.append(Row(f"#{rank} {config.label()}", shape, f"{ms:.4f} ms", "-", "-",
-                            harness.speedup(ms, default_ms, "default") if default_ms else "-",
-                            f"default {default.label()}" + (f" {default_ms:.4f} ms" if default_ms else ": failed")))
-    return rows
+    def shape(key: tuple) -> str:
+        bucket, n, k, out_dtype = key[:4]
+        return f"M<={bucket}x{n}x{k} {str(out_dtype).removeprefix('torch.')}"
+
+    return harness.tuner_rows(TIMED, shape, lambda ms: f"{ms:.4f} ms", top)
 
 
 def main(argv: list[str] | None = None) -> int:

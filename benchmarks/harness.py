@@ -169,6 +169,20 @@ def speedup(our_ms: float, peer_ms: float, peer: str) -> str:
     return f"{peer_ms / our_ms:.2f}x {peer}"
 
 
+def tuner_rows(timed: dict, shape: Callable[[tuple], str], time: Callable[[float], str], top: int = 3) -> list[Row]:
+    """Per key of a tuner's ``timed`` record (key -> (untimed default, [(ms, config), ...] fastest
+    first)), the ``top`` fastest candidates beside the default (its time, or that it failed to
+    run): ``shape(key)`` names the row's shape, ``time(ms)`` writes a time."""
+    rows = []
+    for key, (default, ranked) in timed.items():
+        default_ms = next((ms for ms, config in ranked if config == default), None)
+        for rank, (ms, config) in enumerate(ranked[:top], 1):
+            rows.append(Row(f"#{rank} {config.label()}", shape(key), time(ms), "-", "-",
+                            speedup(ms, default_ms, "default") if default_ms else "-",
+                            f"default {default.label()}" + (f" {time(default_ms)}" if default_ms else ": failed")))
+    return rows
+
+
 def append_rows(rows: list[Row], out: Path) -> None:
     """Append ``rows`` to the table in ``out`` (created with its header when missing)."""
     env = environment()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import harness
 
-FAMILIES = ("ops", "gemm", "moe", "engine_decode", "prefill", "engine_ep", "vendor", "engine_vendor", "backends", "host_overhead")
+FAMILIES = ("ops", "gemm", "dense", "moe", "engine_decode", "prefill", "engine_ep", "vendor", "engine_vendor", "backends", "host_overhead")
 ROOT = Path(__file__).resolve().parent.parent
 
 

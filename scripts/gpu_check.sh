@@ -51,7 +51,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export BRINGUP_TESTS_FAILURES_AT_ONCE=1  # a step cut off by its limit still shows why a test failed
 PY=${PY:-python3}
 STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,sweep,vendor,tilelang,profile,ncu},
-BENCH=${BENCH-ops,gemm,moe,engine_decode,prefill,engine_ep,host_overhead}
+BENCH=${BENCH-ops,gemm,dense,moe,engine_decode,prefill,engine_ep,host_overhead}
 declare -a ROWS
 
 . scripts/site_wheels.sh

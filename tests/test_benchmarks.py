@@ -357,3 +357,16 @@ def test_the_decode_profile_refuses_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit) as info:
         profile_decode.main(args)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_dense_tuner_rows_name_heads_and_weight_dtype_in_microseconds(monkeypatch):
+    from benchmarks import dense as dense_bench
+    from kernels.triton import dense
+
+    configs = dense.candidates(16, 512, 128, 132)
+    timed = [(0.002, configs[1]), (0.003, configs[0])]
+    monkeypatch.setattr(dense, "TIMED", {(16, 16, 512, 128, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.device("cuda", 0)):
+                                         (configs[0], timed)})
+    rows = dense_bench.tuner_rows(top=1)
+    assert [(r.benchmark, r.shape, r.time, r.notes) for r in rows] == [
+        (f"#1 {configs[1].label()}", "M<=16x16h512x128 bfloat16", "2.0 us", f"default {configs[0].label()} 3.0 us")]

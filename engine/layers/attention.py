@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from kernels.ops import attn, kv
+from kernels.ops import attn, gemm, kv
 
 from ..config import ModelConfig
 from ..loader import LoadContext
@@ -73,7 +72,7 @@ class MLAttention:
         self.kv_a_norm = norm("kv_a_layernorm", 1e-6)
         self.kv_b = load_linear(load, "kv_b_proj").dense_weight(load.dtype)  # [H * (nope + v), rank]
         per_head = self.kv_b.view(self.heads, self.nope + self.v_dim, self.rank)
-        self.w_uk = per_head[:, : self.nope]  # [H, nope, rank]
+        self.w_uk_t = per_head[:, : self.nope].transpose(1, 2).contiguous()  # [H, rank, nope]: absorbs q_nope
         self.w_uv = per_head[:, self.nope :]  # [H, v, rank]
         self.o_proj = load_linear(load, "o_proj")
         self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, rank + rope], bound by the runner
@@ -100,13 +99,13 @@ class MLAttention:
     def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         context = self.kv_cache.view(-1, self.kv_cache.shape[-1])[meta.context_slots]
         s = context.shape[0]
-        k_nope, v = F.linear(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
+        k_nope, v = gemm.dense(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, context[:, None, self.rank :].expand(s, self.heads, self.rope_dim)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
         return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale)
 
     def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
-        q_latent = torch.einsum("thd,hdr->thr", q_nope, self.w_uk)
+        q_latent = gemm.dense(q_nope, self.w_uk_t)  # [T, H, rank]
         o_latent = attn.mla_decode(torch.cat([q_latent, q_rope], dim=-1), self.kv_cache, meta.block_tables,
                                    meta.context_lens, self.scale, self.rank)
-        return torch.einsum("thr,hvr->thv", o_latent, self.w_uv)
+        return gemm.dense(o_latent, self.w_uv)  # [T, H, v]

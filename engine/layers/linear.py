@@ -1,16 +1,14 @@
 """Linear layers, dense or FP8 block-scaled.
 
-This is the one place where the engine runs dense GEMMs outside the ops registry: bf16/fp32
-weights go through torch (``F.linear``, cuBLAS on GPU), as do the absorbed-attention
-``einsum``\\s in attention.py and the router/lm_head projections. FP8 weights (float8_e4m3fn
-with a ``weight_scale_inv`` per 128x128 block, as DeepSeek-V3 ships them) run DeepSeek-V3's
-inference path: ``quant.act_quant`` per 128-channel token group, then ``gemm.fp8_block``.
+bf16/fp32 weights run ``gemm.dense`` (as do the absorbed attention's per-head projections, the
+router and the lm_head). FP8 weights (float8_e4m3fn with a ``weight_scale_inv`` per 128x128
+block, as DeepSeek-V3 ships them) run DeepSeek-V3's inference path: ``quant.act_quant`` per
+128-channel token group, then ``gemm.fp8_block``.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels.ops import gemm, quant
 
@@ -32,7 +30,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fp8:
-            return F.linear(x, self.weight)
+            return gemm.dense(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
         q, s = quant.act_quant(x.reshape(-1, x.shape[-1]), BLOCK, self.scale_fmt)
         return self.on_quantized(q, s, x.dtype).view(*x.shape[:-1], -1)
 

@@ -9,9 +9,8 @@ the exchange moves tokens to and from the other ranks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from kernels.ops import moe
+from kernels.ops import gemm, moe
 
 from ..config import ModelConfig
 from ..loader import LoadContext, LoadError
@@ -37,7 +36,7 @@ class MoE:
         self.exchange = ep.exchange() if ep is not None else LocalExchange()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x.float(), self.gate_weight)
+        logits = gemm.dense(x, self.gate_weight, out_dtype=torch.float32)
         weights, ids = moe.gate(logits, self.bias, self.top_k, self.n_group, self.topk_group,
                                 routed_scaling_factor=self.routed_scaling_factor, norm_topk_prob=self.norm_topk_prob)
         xs, local_ids, local_weights = self.exchange.dispatch(x, ids, weights)

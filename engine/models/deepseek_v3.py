@@ -7,6 +7,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.ops import gemm
+
 from ..config import ModelConfig
 from ..layers.attention import AttentionMeta, MLAttention
 from ..layers.mlp import MLP
@@ -82,4 +84,4 @@ class DeepseekV3:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Raw fp32 logits [N, vocab] of ``hidden`` [N, hidden]."""
-        return F.linear(hidden, self.lm_head).float()
+        return gemm.dense(hidden, self.lm_head).float()

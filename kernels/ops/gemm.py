@@ -1,4 +1,5 @@
-"""``gemm.fp8_block``: FP8 GEMM with per-token-group activation scales and 128x128 weight scales."""
+"""GEMM ops: ``gemm.fp8_block`` (FP8 with per-token-group activation scales and 128x128 weight
+scales) and ``gemm.dense`` (bf16/fp32 weights, plain or one weight per attention head)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,43 @@ fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cas
 fp8_block.backend("triton", "kernels.triton.gemm:fp8_block")
 fp8_block.backend("deep_gemm", "kernels.vendor.deep_gemm:fp8_block")
 fp8_block.backend("tilelang", "kernels.tilelang.gemm:fp8_block")
+
+
+def dense_reference(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x @ weight^T`` in fp32, rounded once to ``out_dtype`` (default: x's dtype).
+
+    Plain: ``x`` [M, K], ``weight`` [N, K] -> [M, N]. Per head: ``x`` [M, H, K], ``weight``
+    [H, N, K] -> [M, H, N] with ``out[m, h] = x[m, h] @ weight[h]^T`` (the absorbed attention's
+    projections). ``x`` and ``weight`` may differ in dtype (bf16 activations, an fp32 router):
+    the products are of the values as given.
+    """
+    out_dtype = out_dtype or x.dtype
+    if weight.dim() == 3:
+        return torch.einsum("mhk,hnk->mhn", x.float(), weight.float()).to(out_dtype)
+    return (x.float() @ weight.float().t()).to(out_dtype)
+
+
+def _dense_cases(quick: bool) -> list[Case]:
+    def make(m, n, k, heads, x_dtype, w_dtype, out_dtype):
+        def build(gen, device):
+            x = randn(gen, (m, heads, k) if heads else (m, k), x_dtype, device)
+            w = randn(gen, (heads, n, k) if heads else (n, k), w_dtype, device, k ** -0.5)
+            return (x, w), {"out_dtype": out_dtype}
+        return build
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    if quick:  # M and N tails, K not a multiple of the K block, a split K, per head, an fp32 router
+        shapes = [(1, 200, 640, 0, bf16, bf16, bf16), (5, 72, 384, 0, fp32, fp32, fp32), (3, 40, 256, 0, bf16, fp32, fp32),
+                  (2, 48, 160, 4, bf16, bf16, bf16), (70, 96, 128, 0, bf16, bf16, bf16)]
+    else:  # the ~4.6B benchmark model's decode projections (1, 32 and 64 rows), its router, its absorbed heads
+        projections = [(1344, 2048), (3072, 768), (2048, 2048), (2816, 2048), (2048, 1408), (32000, 2048)]
+        shapes = [(m, n, k, 0, bf16, bf16, bf16) for m in (1, 32, 64) for n, k in projections]
+        shapes += [(m, 64, 2048, 0, bf16, fp32, fp32) for m in (1, 32)]
+        shapes += [(m, 512, 128, 16, bf16, bf16, bf16) for m in (1, 32)] + [(m, 128, 512, 16, bf16, bf16, bf16) for m in (1, 32)]
+        shapes += [(4096, 2048, 2048, 0, bf16, bf16, bf16)]  # prefill rows: cuBLAS
+    return [Case(f"{m}x{f'{h}h' if h else ''}{n}x{k}-{str(xd)[6:]}-{str(wd)[6:]}-{str(od)[6:]}", make(m, n, k, h, xd, wd, od), quick=quick)
+            for m, n, k, h, xd, wd, od in shapes]
+
+
+dense = declare("gemm.dense", dense_reference, outputs=("out",), cases=_dense_cases)
+dense.backend("triton", "kernels.triton.dense:dense")

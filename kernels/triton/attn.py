@@ -21,8 +21,9 @@ their log-sum-exp, in split order.
 Two interpreter workarounds, both selected by the ``COMPILED`` constexpr: loops over runtime
 bounds are ``for`` loops when compiled (software-pipelined) and ``while`` loops under
 ``TRITON_INTERPRET=1`` (whose ``range`` cannot take runtime bounds with numpy 2.x), around the
-same loop body; :func:`dot_f32` widens bf16 operands to fp32 there (the interpreter's dot
-multiplies bf16 tensors as their raw integer bits); :func:`probs_to` rounds to nearest-even.
+same loop body; :func:`kernels.triton.common.dot_f32` widens bf16 operands to fp32 there (the
+interpreter's dot multiplies bf16 tensors as their raw integer bits); :func:`probs_to` rounds to
+nearest-even.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import FP8
-from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
+from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 
 _LOG2E = math.log2(math.e)
@@ -57,20 +58,6 @@ def _split_head_dim(d: int) -> tuple[int, int]:
     above ``d``, then the rest padded (0 when nothing is left)."""
     main = max(_MIN_DOT, 1 << (d.bit_length() - 1))
     return main, (_pow2_tile(d - main) if d > main else 0)
-
-
-@triton.jit
-def dot_f32(a, b, acc, COMPILED: tl.constexpr):
-    """``acc + a @ b`` accumulated in fp32: a tensor-core dot of the operands as they are when
-    compiled (fp32 operands in IEEE fp32, not TF32); under the interpreter the operands are
-    widened to fp32 first, which is exact."""
-    if not COMPILED:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    elif a.dtype == tl.float32:
-        out = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
 
 
 @triton.jit

@@ -104,6 +104,20 @@ def div_rows_rn(x, divisor, COMPILED: tl.constexpr):
 
 
 @triton.jit
+def dot_f32(a, b, acc, COMPILED: tl.constexpr):
+    """``acc + a @ b`` accumulated in fp32: a tensor-core dot of the operands as they are when
+    compiled (fp32 operands in IEEE fp32, not TF32); under the interpreter the operands are
+    widened to fp32 first, which is exact."""
+    if not COMPILED:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    elif a.dtype == tl.float32:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
 def round_to_dtype(x, DTYPE: tl.constexpr):
     """fp32 ``x`` rounded to nearest-even in ``DTYPE``, returned as fp32.
 

@@ -35,8 +35,7 @@ import triton.language as tl
 
 from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .attn import dot_f32
-from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, silu_f32
+from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, round_to_dtype, silu_f32
 from .launch import direct
 from .quant import act_quant, quantize_groups
 from .tuning import time_candidates

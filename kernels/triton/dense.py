@@ -1,0 +1,228 @@
+"""Triton dense GEMM for a few rows (``gemm.dense``): ``out = x @ weight^T``, fp32 accumulation.
+
+A decode step multiplies one to a few dozen rows by each weight, so the GEMM is bound by reading
+the weight once, and what matters is that every SM streams a share of it. Up to :data:`MAX_ROWS`
+rows, a program computes one BLOCK_N-column tile of one head for all the rows over one range of
+K. With K split over SPLIT_K programs, each writes its fp32 partial tile to a workspace and counts
+itself in on the tile's counter; the last to arrive sums the partials in split order (0, 1, ...),
+rounds once to the output dtype, stores, and sets the counter back to zero. One launch, and the
+result does not depend on which program finishes last. The counters (one int32 per tile, zero
+between launches) are kept per device: two calls on one device must not run at the same time on
+two streams.
+
+More rows (prefill) go to torch's matmul (cuBLAS on a GPU), whose large tiles are the fastest
+there: the same products, fp32 accumulation and one rounding.
+
+The configuration is tuned once per (row bucket, heads, N, K, dtypes, device) by timing the
+candidates on the GPU, as ``gemm.fp8_block``'s is (not under the interpreter, while a CUDA graph
+is captured, or with ``ENGINE_OPS_TUNE=0``: the first candidate then). Configurations that split K
+differently differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ..backend_env import tuning_enabled
+from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
+from .launch import direct
+from .tuning import time_candidates
+
+MAX_ROWS = 64
+_COUNTERS = 8192  # tiles of one split-K launch, at most
+_MAX_SPLIT = 16
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """One launch configuration of the dense kernel."""
+
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def label(self) -> str:
+        """Short form for tables: ``n32 k128 split4 w4 s4``."""
+        return f"n{self.block_n} k{self.block_k} split{self.split_k} w{self.num_warps} s{self.num_stages}"
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh):
+    """The tile's rows < M and columns < N, rounded once to the output's dtype."""
+    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh + cols[None, :]
+    out = round_to_dtype(acc, out_ptr.dtype.element_ty)
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@direct
+@triton.jit
+def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, M, N, stride_xm, stride_xh, stride_wh, stride_wn,
+                  stride_om, stride_oh, K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                  IEEE: tl.constexpr, COMPILED: tl.constexpr):
+    pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
+    # Rows past M and columns past N are wrapped onto valid ones for the loads (no masks in the
+    # loop) and dropped at the store; K is masked only when the splits do not tile it exactly.
+    x_ptrs = x_ptr + head.to(tl.int64) * stride_xh + (rows % M)[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + head.to(tl.int64) * stride_wh + (cols % N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in range(K_SPLIT // BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            in_k = offs_k + i * BLOCK_K < K
+            x = tl.load(x_ptrs, mask=in_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
+        if IEEE:  # an fp32 operand (or two dtypes): fp32 products, no TF32
+            acc = dot_f32(x.to(tl.float32), w.to(tl.float32), acc, COMPILED)
+        else:
+            acc = dot_f32(x, w, acc, COMPILED)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if SPLIT_K == 1:
+        _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh)
+    else:
+        tile = head * tl.num_programs(0) + pid_n
+        ws = (ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+              + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+        tl.store(ws + pid_k * (BLOCK_M * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's part of the partial is written before the count
+        arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:  # the last of the tile's splits: sum them all, in split order
+            total = tl.load(ws, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+            _store_rows(out_ptr, total, rows, cols, head, M, N, stride_om, stride_oh)
+            tl.store(counts_ptr + tile, 0)
+
+
+def row_bucket(m: int) -> int:
+    """The tile height (and tuning bucket) of M rows: the next power of two, at least 16."""
+    return max(16, next_power_of_2(m))
+
+
+def _split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """The fewest K splits (a power of two) that give ``tiles`` at least one program per SM,
+    each split keeping at least one K block."""
+    split = 1
+    while split * 2 <= _MAX_SPLIT and tiles * split < sms and cdiv(k, block_k) >= split * 2 and tiles <= _COUNTERS:
+        split *= 2
+    return split
+
+
+@functools.lru_cache(maxsize=4096)
+def candidates(heads: int, n: int, k: int, sms: int) -> list[DenseConfig]:
+    """The configurations worth timing for this shape, the untimed default first: 32-column tiles
+    over 128-deep K blocks, split until every SM has a program; then other widths, depths and
+    split counts."""
+    configs = []
+    for block_n in (32, 16, 64):
+        for block_k in (128, 256):
+            tiles = cdiv(n, block_n) * heads
+            split = _split_for(tiles, k, block_k, sms)
+            for s in (split, split * 2, split // 2):
+                if 1 <= s <= _MAX_SPLIT and (s == 1 or tiles <= _COUNTERS) and cdiv(k, block_k) >= s:
+                    configs.append(DenseConfig(block_n, block_k, s))
+    return list(dict.fromkeys(configs))
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    counts = _counters.get(device)
+    if counts is None:
+        counts = _counters[device] = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
+    return counts
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config: DenseConfig) -> torch.Tensor:
+    """Run the kernel with one explicit configuration (inputs validated, at most MAX_ROWS rows,
+    K contiguous)."""
+    per_head = weight.dim() == 3
+    m, k = x.shape[0], x.shape[-1]
+    heads, n = (weight.shape[0], weight.shape[1]) if per_head else (1, weight.shape[0])
+    out = torch.empty((m, heads, n) if per_head else (m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0 or heads == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    bm, split = row_bucket(m), config.split_k
+    tiles = cdiv(n, config.block_n) * heads
+    if split > 1 and tiles > _COUNTERS:
+        raise ValueError(f"gemm.dense: {config.label()} splits K over {tiles} tiles (at most {_COUNTERS})")
+    k_split = cdiv(cdiv(k, config.block_k), split) * config.block_k
+    ws = torch.empty(tiles * split * bm * config.block_n, dtype=torch.float32, device=x.device) if split > 1 else out
+    counts = _tile_counters(x.device) if split > 1 else out
+    strides = ((x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), heads * n, n) if per_head
+               else (x.stride(0), 0, 0, weight.stride(0), n, 0))
+    _dense_kernel[(cdiv(n, config.block_n), heads, split)](
+        x, weight, out, ws, counts, m, n, *strides, K=k, K_SPLIT=k_split, EVEN_K=k_split * split == k,
+        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        IEEE=x.dtype != weight.dtype or x.dtype == torch.float32, COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+# What the tuner timed, per tuning key: the untimed default and (ms, configuration) from fastest to slowest.
+TIMED: dict[tuple, tuple[DenseConfig, list[tuple[float, DenseConfig]]]] = {}
+
+
+def choose_config(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> DenseConfig:
+    """The tuned configuration for this call's shape (timing the candidates on first use)."""
+    heads, n = (weight.shape[0], weight.shape[1]) if weight.dim() == 3 else (1, weight.shape[0])
+    k = x.shape[-1]
+    key = (row_bucket(x.shape[0]), heads, n, k, x.dtype, weight.dtype, out_dtype, x.device)
+    if key in TIMED:
+        return TIMED[key][1][0][1]
+    configs = candidates(heads, n, k, num_sms(x.device))
+    if x.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
+        return configs[0]
+    _tile_counters(x.device)  # before the timed graphs capture anything
+    TIMED[key] = configs[0], time_candidates(configs, lambda c: launch(x, weight, out_dtype, c),
+                                             f"gemm.dense at M={x.shape[0]}, heads={heads}, N={n}, K={k}")
+    return TIMED[key][1][0][1]
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The same product through torch (cuBLAS on a GPU), in the widest of the three dtypes."""
+    dtype = torch.promote_types(torch.promote_types(x.dtype, weight.dtype), out_dtype)
+    x, weight = x.to(dtype), weight.to(dtype)
+    out = torch.einsum("mhk,hnk->mhn", x, weight) if weight.dim() == 3 else F.linear(x, weight)
+    return out.to(out_dtype)
+
+
+def _validate(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> None:
+    if x.dim() not in (2, 3) or weight.dim() != x.dim():
+        raise ValueError(f"gemm.dense: x [M, K] with weight [N, K], or x [M, H, K] with weight [H, N, K]; "
+                         f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if x.dtype not in _FLOATS or weight.dtype not in _FLOATS or out_dtype not in _FLOATS:
+        raise ValueError(f"gemm.dense: x, weight and out_dtype must be float32, bfloat16 or float16; "
+                         f"got {x.dtype}, {weight.dtype}, {out_dtype}")
+    if x.shape[-1] != weight.shape[-1] or (x.dim() == 3 and x.shape[1] != weight.shape[0]):
+        raise ValueError(f"gemm.dense: x {tuple(x.shape)} and weight {tuple(weight.shape)} disagree on K or heads")
+    if x.device != weight.device:
+        raise ValueError(f"gemm.dense: x is on {x.device}, weight on {weight.device}")
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Same contract as :func:`kernels.ops.gemm.dense_reference`."""
+    out_dtype = out_dtype or x.dtype
+    _validate(x, weight, out_dtype)
+    if x.shape[0] > MAX_ROWS:
+        return _matmul(x, weight, out_dtype)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    return launch(x, weight, out_dtype, choose_config(x, weight, out_dtype))

@@ -1,0 +1,123 @@
+"""``gemm.dense``'s Triton kernel beyond its quick A/B cases: every candidate configuration (K
+splits summed in one launch by the last program of each tile), per-head weights read through
+strided views, mixed dtypes, the hand-over to torch above 64 rows, and bad input. Without a GPU
+the kernel runs under TRITON_INTERPRET=1 on CPU tensors; the ``gpu`` tests replay it in a CUDA
+graph and check its full-shape A/B cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import ab, registry
+from kernels.cases import generator
+from kernels.ops.gemm import dense_reference
+from kernels.tolerance import tolerance_for
+
+triton = pytest.importorskip("triton")
+from kernels.triton import dense as dense_kernels  # noqa: E402 - needs Triton
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def randn(gen, *shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+def assert_close(out, ref):
+    tol = tolerance_for(ref.dtype)
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol.atol + tol.rtol * ref.float().abs().max().item(), err
+
+
+def test_every_candidate_configuration_matches_the_reference_and_leaves_the_counters_at_zero():
+    gen = generator(3)
+    m, n, k = 3, 200, 640  # a column tail, K not a multiple of the splits
+    x, w = randn(gen, m, k), randn(gen, n, k, scale=k ** -0.5)
+    ref = dense_reference(x, w)
+    configs = dense_kernels.candidates(1, n, k, 132)
+    assert any(c.split_k > 1 for c in configs) and any(c.split_k == 1 for c in configs)
+    for config in configs:
+        assert_close(dense_kernels.launch(x, w, torch.bfloat16, config), ref)
+        assert int(dense_kernels._tile_counters(x.device).abs().sum()) == 0, config
+
+
+def test_split_k_results_do_not_depend_on_the_program_order():
+    gen = generator(4)
+    x, w = randn(gen, 2, 1024, dtype=torch.float32), randn(gen, 96, 1024, dtype=torch.float32)
+    config = dense_kernels.DenseConfig(32, 128, 8)
+    first = dense_kernels.launch(x, w, torch.float32, config)
+    for _ in range(2):
+        assert torch.equal(dense_kernels.launch(x, w, torch.float32, config), first)
+    # the partials are summed in split order: the same as adding the eight K ranges' products in turn
+    parts = [x[:, i * 128:(i + 1) * 128] @ w[:, i * 128:(i + 1) * 128].t() for i in range(8)]
+    assert_close(first, sum(parts[1:], parts[0]))
+
+
+def test_per_head_weights_through_strided_views():
+    gen = generator(5)
+    t, heads, nope, rope, rank, v = 3, 4, 32, 16, 64, 48
+    q = randn(gen, t, heads, nope + rope)
+    kv_b = randn(gen, heads, nope + v, rank, scale=rank ** -0.5)
+    q_nope, w_uv = q[..., :nope], kv_b[:, nope:]  # a slice of each row; a slice of each head
+    w_uk_t = kv_b[:, :nope].transpose(1, 2).contiguous()  # [H, rank, nope]
+    q_latent = dense_kernels.dense(q_nope, w_uk_t)
+    assert q_latent.shape == (t, heads, rank)
+    assert_close(q_latent, torch.einsum("thd,hdr->thr", q_nope.float(), kv_b[:, :nope].float()).bfloat16())
+    o = dense_kernels.dense(q_latent, w_uv)
+    assert_close(o, torch.einsum("thr,hvr->thv", q_latent.float(), w_uv.float()).bfloat16())
+
+
+def test_bf16_rows_against_an_fp32_router_weight_give_fp32_products():
+    gen = generator(6)
+    x, w = randn(gen, 2, 512), randn(gen, 64, 512, dtype=torch.float32)
+    out = dense_kernels.dense(x, w, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x.float() @ w.t(), rtol=2e-5, atol=1e-5)
+
+
+def test_more_than_64_rows_go_to_torch_with_the_same_products(monkeypatch):
+    gen = generator(7)
+    x, w = randn(gen, 65, 256), randn(gen, 48, 256, scale=0.1)
+    monkeypatch.setattr(dense_kernels, "launch", lambda *a: pytest.fail("65 rows must not launch the kernel"))
+    assert_close(dense_kernels.dense(x, w), dense_reference(x, w))
+    assert dense_kernels.dense(x, w, out_dtype=torch.float32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("x_shape, w_shape, dtype, match", [
+    ((2, 64), (8, 32), torch.bfloat16, "disagree on K"),
+    ((2, 3, 64), (4, 8, 64), torch.bfloat16, "disagree on K or heads"),
+    ((2, 64), (2, 8, 64), torch.bfloat16, r"x \[M, K\] with weight \[N, K\]"),
+    ((2, 64), (8, 64), torch.int32, "must be float32, bfloat16 or float16"),
+])
+def test_bad_shapes_and_dtypes_are_refused(x_shape, w_shape, dtype, match):
+    x = torch.ones(x_shape, dtype=dtype, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        dense_kernels.dense(x, torch.ones(w_shape, dtype=torch.bfloat16, device=DEVICE))
+
+
+@pytest.mark.gpu
+def test_split_k_kernel_replays_in_a_cuda_graph_with_new_inputs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    gen = generator(8)
+    x, w = randn(gen, 1, 2048), randn(gen, 2048, 2048, scale=2048 ** -0.5)
+    config = dense_kernels.DenseConfig(32, 128, 4)
+    dense_kernels.launch(x, w, torch.bfloat16, config)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dense_kernels.launch(x, w, torch.bfloat16, config)
+    for seed in (9, 10):
+        x.copy_(randn(generator(seed), 1, 2048))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, dense_kernels.launch(x, w, torch.bfloat16, config))
+        assert_close(out, dense_reference(x, w))
+
+
+@pytest.mark.gpu
+def test_full_shapes_match_the_reference_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    results = ab.run_cases([registry.get("gemm.dense")], "triton", quick=False, seed=ab.DEFAULT_SEED)
+    assert results and all(r.status == ab.PASSED for r in results), [(r.case, r.status, r.reason) for r in results]
