@@ -82,8 +82,7 @@ def measure(args) -> list[Row]:
 
 
 def tuner_rows(top: int = 3) -> list[Row]:
-    """Per tuned shape, the untimed default and the ``top`` fastest candidates the tuner timed
-    (with the weight in L2, unlike the rows above)."""
+    """Per tuned shape, the untimed default and the ``top`` fastest candidates the tuner timed."""
     from kernels.triton.dense import TIMED
 
     def shape(key: tuple) -> str:

@@ -121,3 +121,41 @@ def test_full_shapes_match_the_reference_on_the_gpu():
         pytest.skip("needs a GPU")
     results = ab.run_cases([registry.get("gemm.dense")], "triton", quick=False, seed=ab.DEFAULT_SEED)
     assert results and all(r.status == ab.PASSED for r in results), [(r.case, r.status, r.reason) for r in results]
+
+
+@pytest.mark.gpu
+def test_kernels_launched_early_give_the_bits_of_kernels_launched_plainly(monkeypatch):
+    """A norm, then two dense GEMMs (the second reading the first's output), captured and replayed
+    with new inputs: with programmatic dependent launch each GEMM starts before its input is
+    written and must wait for it; the bits are those of plain launches."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from kernels.triton.common import pdl_on
+    from kernels.triton.norm import rmsnorm
+
+    gen = generator(12)
+    h, norm_w = randn(gen, 1, 2048), randn(gen, 2048) + 1
+    w1, w2 = randn(gen, 1344, 2048, scale=2048 ** -0.5), randn(gen, 2048, 1344, scale=1344 ** -0.5)
+    inputs = [randn(generator(seed), 1, 2048) for seed in (13, 14)]
+
+    def chain():
+        return dense_kernels.dense(dense_kernels.dense(rmsnorm(h, norm_w, 1e-6), w1), w2)
+
+    outputs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("ENGINE_OPS_PDL", flag)
+        pdl_on.cache_clear()
+        chain()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain()
+        outputs[flag] = []
+        for x in inputs:
+            h.copy_(x)
+            graph.replay()
+            outputs[flag].append(out.clone())
+    pdl_on.cache_clear()
+    assert pdl_on(h.device) == (torch.cuda.get_device_capability()[0] >= 9)
+    for plain, early in zip(outputs["0"], outputs["1"]):
+        assert torch.equal(plain, early)
+    assert not torch.equal(outputs["1"][0], outputs["1"][1])
