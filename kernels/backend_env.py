@@ -88,12 +88,6 @@ def direct_launch_reason() -> str | None:
     return None
 
 
-def pdl_enabled() -> bool:
-    """False when ``ENGINE_OPS_PDL=0``: no kernel is launched with programmatic dependent launch
-    (:func:`kernels.triton.common.pdl_on`), to compare or to rule it out."""
-    return os.environ.get("ENGINE_OPS_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def tuning_enabled() -> bool:
     """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
     default one, untimed, so outputs do not depend on timing (reproducible run to run)."""

@@ -12,8 +12,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import BLOCK, FP8
-from .common import (cdiv, compiled_for_gpu, let_next_kernel_start, next_power_of_2, pdl_on, round_to_dtype,
-                     rows_per_program, silu_f32)
+from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, rows_per_program, silu_f32
 from .launch import direct
 from .quant import quantize_groups
 
@@ -29,8 +28,7 @@ def _swiglu_f32(gate_ptrs, inter, mask, DTYPE: tl.constexpr, USE_LIBDEVICE: tl.c
 @direct
 @triton.jit
 def _swiglu_kernel(x_ptr, y_ptr, n_rows, inter, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
-                   USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
-    let_next_kernel_start(PDL)  # the down projection after it may start fetching its weight
+                   USE_LIBDEVICE: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < n_rows)[:, None] & (cols < inter)[None, :]
@@ -71,8 +69,7 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
         block_c = min(next_power_of_2(inter), 1024)
         rows = rows_per_program(n_rows * cdiv(inter, block_c), block_c)
         grid = (cdiv(n_rows, rows), cdiv(inter, block_c))
-        _swiglu_kernel[grid](x, y, n_rows, inter, ROWS=rows, BLOCK_C=block_c, USE_LIBDEVICE=compiled_for_gpu(),
-                             PDL=pdl_on(x.device), num_warps=4)
+        _swiglu_kernel[grid](x, y, n_rows, inter, ROWS=rows, BLOCK_C=block_c, USE_LIBDEVICE=compiled_for_gpu(), num_warps=4)
     return y
 
 

@@ -13,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..backend_env import interpret_mode, pdl_enabled
+from ..backend_env import interpret_mode
 
 # Hopper has 132 SMs (H100/H200 SXM); two waves of programs keep every SM busy.
 MIN_PROGRAMS = 2 * 132
@@ -42,39 +41,6 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= ``n`` for host code (0 for 0, as ``triton.next_power_of_2``)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
-
-
-@functools.lru_cache(maxsize=None)
-def pdl_on(device: torch.device) -> bool:
-    """Whether kernels on ``device`` use programmatic dependent launch: compiled for a GPU of
-    compute capability 9.0 or later, and not switched off (``ENGINE_OPS_PDL=0``). A kernel launched
-    that way may start while the previous kernel on the stream is finishing: it must read nothing
-    that kernel writes, and write nothing, before :func:`wait_for_previous_kernel`. Kernels that
-    call :func:`let_next_kernel_start` early let such a successor start sooner."""
-    return (compiled_for_gpu() and device.type == "cuda" and pdl_enabled()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-@triton.jit
-def let_next_kernel_start(PDL: tl.constexpr):
-    """With ``PDL``: the next kernel, if launched with programmatic dependent launch, may start
-    now (it still waits for this one's results before reading them)."""
-    if PDL:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def wait_for_previous_kernel(PDL: tl.constexpr):
-    """With ``PDL``: wait until the previous kernel on the stream has finished and its writes are
-    visible (a no-op for a kernel launched the usual way)."""
-    if PDL:
-        gdc_wait()
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Ask the L2 cache to fetch the lines at ``ptrs`` (compiled for a GPU only)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @functools.lru_cache(maxsize=None)

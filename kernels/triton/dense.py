@@ -13,14 +13,9 @@ two streams.
 More rows (prefill) go to torch's matmul (cuBLAS on a GPU), whose large tiles are the fastest
 there: the same products, fp32 accumulation and one rounding.
 
-On Hopper and later the kernel is launched with programmatic dependent launch
-(:func:`kernels.triton.common.pdl_on`): it may start while the previous kernel (the norm or
-activation producing x) is finishing, asks L2 for its share of the weight, which no kernel
-writes, and only then waits for x. Every store comes after that wait.
-
 The configuration is tuned once per (row bucket, heads, N, K, dtypes, device) by timing the
-candidates on the GPU with the weight read from memory (cycling through stand-ins four times
-the L2's size), as ``gemm.fp8_block``'s is (not under the interpreter, while a CUDA graph
+candidates on the GPU with the weight read from memory (cycling through stand-ins twice the L2's
+size), as ``gemm.fp8_block``'s is (not under the interpreter, while a CUDA graph
 is captured, or with ``ENGINE_OPS_TUNE=0``: the first candidate then). Configurations that split K
 differently differ in the last bits.
 """
@@ -36,8 +31,7 @@ import triton
 import triton.language as tl
 
 from ..backend_env import tuning_enabled
-from .common import (cdiv, compiled_for_gpu, dot_f32, let_next_kernel_start, next_power_of_2, num_sms, pdl_on,
-                     prefetch_l2, round_to_dtype, wait_for_previous_kernel)
+from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 from .tuning import time_candidates
 
@@ -75,17 +69,11 @@ def _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh):
 def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, M, N, stride_xm, stride_xh, stride_wh, stride_wn,
                   stride_om, stride_oh, K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  IEEE: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr, LINE: tl.constexpr,
-                  LINES: tl.constexpr):
+                  IEEE: tl.constexpr, COMPILED: tl.constexpr):
     pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
-    let_next_kernel_start(PDL)
-    if PDL:  # launched early: pull this program's slice of the weight into L2 while x is being written
-        lines = tl.minimum(pid_k * K_SPLIT + tl.minimum(tl.arange(0, LINES) * LINE, K_SPLIT - 1), K - 1)
-        prefetch_l2(w_ptr + head.to(tl.int64) * stride_wh + (cols % N)[:, None].to(tl.int64) * stride_wn + lines[None, :])
-    wait_for_previous_kernel(PDL)
     # Rows past M and columns past N are wrapped onto valid ones for the loads (no masks in the
     # loop) and dropped at the store; K is masked only when the splits do not tile it exactly.
     x_ptrs = x_ptr + head.to(tl.int64) * stride_xh + (rows % M)[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
@@ -180,15 +168,12 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config
     k_split = cdiv(cdiv(k, config.block_k), split) * config.block_k
     ws = torch.empty(tiles * split * bm * config.block_n, dtype=torch.float32, device=x.device) if split > 1 else out
     counts = _tile_counters(x.device) if split > 1 else out
-    pdl, line = pdl_on(x.device), 128 // weight.element_size()  # elements per 128-byte line
     strides = ((x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), heads * n, n) if per_head
                else (x.stride(0), 0, 0, weight.stride(0), n, 0))
     _dense_kernel[(cdiv(n, config.block_n), heads, split)](
         x, weight, out, ws, counts, m, n, *strides, K=k, K_SPLIT=k_split, EVEN_K=k_split * split == k,
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        IEEE=x.dtype != weight.dtype or x.dtype == torch.float32, COMPILED=compiled_for_gpu(), PDL=pdl, LINE=line,
-        LINES=next_power_of_2(cdiv(k_split, line)), num_warps=config.num_warps, num_stages=config.num_stages,
-        launch_pdl=pdl)
+        IEEE=x.dtype != weight.dtype or x.dtype == torch.float32, COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
@@ -218,7 +203,7 @@ def _past_l2(weight: torch.Tensor) -> list[torch.Tensor]:
     """``weight`` and enough stand-ins of its shape (contents irrelevant to the timing) that a
     call on each in turn reads from memory, not from L2, as a decode step's layers do."""
     l2 = getattr(torch.cuda.get_device_properties(weight.device), "L2_cache_size", 64 << 20)
-    count = min(64, cdiv(4 * l2, weight.numel() * weight.element_size()))
+    count = min(16, cdiv(2 * l2, weight.numel() * weight.element_size()))
     return [weight] + [torch.empty_like(weight) for _ in range(count - 1)]
 
 

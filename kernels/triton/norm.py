@@ -8,15 +8,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import let_next_kernel_start, next_power_of_2, pdl_on
+from .common import next_power_of_2
 from .launch import direct
 
 
 @direct
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, x_row_stride, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    let_next_kernel_start(PDL)  # the GEMM after a norm may start fetching its weight
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -43,7 +42,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: 
     if x2.shape[0]:
         _rmsnorm_kernel[(x2.shape[0],)](
             x2, res_in, weight.contiguous(), y, res_out, n, x2.stride(0), eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n), PDL=pdl_on(x.device), num_warps=8 if n >= 4096 else 4,
+            HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(n), num_warps=8 if n >= 4096 else 4,
         )
     if residual is not None:
         return y.view(x.shape), res_out.view(x.shape)
