@@ -20,6 +20,9 @@ from .sequence import Sequence
 
 _INT64_ROWS = ("input_ids", "positions", "slots", "top_k", "seed", "step")
 _FP32_ROWS = ("temperature", "top_p")
+# What rows past the batch hold: write nothing to the cache, attend to nothing, sample greedily.
+_PADDING = (("input_ids", 0), ("positions", 0), ("slots", -1), ("context_lens", 0), ("temperature", 0.0),
+            ("top_p", 1.0), ("top_k", 0), ("seed", 0), ("step", 0))
 
 
 class StepTensors:
@@ -52,6 +55,8 @@ class DecodeInputs:
         device_scalars = host_scalars.to(self.device)
         self.on_device = StepTensors(device_scalars, host_tables.to(self.device), max_batch)
         self._host_scalars, self._device_scalars = host_scalars, device_scalars
+        fields = (*_INT64_ROWS, *_FP32_ROWS, "context_lens", "block_tables")
+        self._host_arrays = {name: getattr(self.host, name).numpy() for name in fields}
 
     def stage(self, seqs: list[Sequence], packed: list[torch.Tensor], rows: int) -> None:
         """Stage ``seqs`` (their ``pack_decode`` output ``packed``: ids, positions, slots, tables of
@@ -59,18 +64,17 @@ class DecodeInputs:
         b = len(seqs)
         if not b <= rows <= self.max_batch:
             raise ValueError(f"decode inputs: {b} sequences in {rows} rows (at most {self.max_batch})")
-        h = self.host
+        h = self._host_arrays  # numpy views of the host buffer: cheaper to fill than tensor slices
         ids, positions, slots, tables, lens = packed
-        h.input_ids[:b], h.positions[:b], h.slots[:b], h.context_lens[:b] = ids, positions, slots, lens
-        h.block_tables[:b] = tables
+        h["input_ids"][:b], h["positions"][:b], h["slots"][:b] = ids.numpy(), positions.numpy(), slots.numpy()
+        h["context_lens"][:b], h["block_tables"][:b] = lens.numpy(), tables.numpy()
         params = [s.params for s in seqs]
-        h.temperature[:b] = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        h.top_p[:b] = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        h.top_k[:b] = torch.tensor([p.top_k for p in params], dtype=torch.int64)
-        h.seed[:b] = torch.tensor([s.seed for s in seqs], dtype=torch.int64)
-        h.step[:b] = torch.tensor([s.num_completion_tokens for s in seqs], dtype=torch.int64)
-        for field, value in (("input_ids", 0), ("positions", 0), ("slots", -1), ("context_lens", 0),
-                             ("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("seed", 0), ("step", 0)):
-            getattr(h, field)[b:rows] = value
+        h["temperature"][:b] = [p.temperature for p in params]
+        h["top_p"][:b] = [p.top_p for p in params]
+        h["top_k"][:b] = [p.top_k for p in params]
+        h["seed"][:b] = [s.seed for s in seqs]
+        h["step"][:b] = [s.num_completion_tokens for s in seqs]
+        for field, value in _PADDING:
+            h[field][b:rows] = value
         self._device_scalars.copy_(self._host_scalars, non_blocking=True)
-        self.on_device.block_tables[:rows].copy_(h.block_tables[:rows], non_blocking=True)
+        self.on_device.block_tables[:rows].copy_(self.host.block_tables[:rows], non_blocking=True)

@@ -225,4 +225,9 @@ def test_gpu_cuda_graphs_give_the_same_greedy_tokens(tmp_path):
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             same = first == len(a) == len(b)
             assert same or (not trained and without["top2_margin"][first] < 0.05), f"{ckpt.name}: diverged at {first}"
-            assert torch.allclose(torch.tensor(with_graphs["logprobs"][:first]), torch.tensor(without["logprobs"][:first]), atol=2e-2)
+            # Replays run the decode attention over the padded batch and the full table width, so its
+            # split count (and last bits) differ from the eager step's; the random model's flat
+            # distributions carry that further (0.031 at most on an H200, 2026-12-02).
+            gap = (torch.tensor(with_graphs["logprobs"][:first]) - torch.tensor(without["logprobs"][:first])).abs()
+            worst = gap.max().item() if gap.numel() else 0.0
+            assert worst <= (2e-2 if trained else 5e-2), f"{ckpt.name}: logprobs differ by {worst:.4f}"

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 API_VERSION = 1
@@ -38,10 +39,15 @@ def block_hashes(tokens: list[int], block_size: int, parent: int) -> list[int]:
     return out
 
 
-def _slot(table: list[int], pos: int, block_size: int) -> int:
-    if pos // block_size >= len(table):
-        raise ValueError(f"position {pos} has no block in a table of {len(table)}")
-    return table[pos // block_size] * block_size + pos % block_size
+def _check_blocks(table: list[int], tokens: int, block_size: int) -> None:
+    """ValueError naming the first of ``tokens`` positions that ``table`` has no block for."""
+    if tokens > len(table) * block_size:
+        raise ValueError(f"position {len(table) * block_size} has no block in a table of {len(table)}")
+
+
+def _slots(table: list[int], positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots (int64) of ``positions`` through one sequence's block ``table``."""
+    return torch.tensor(table, dtype=torch.int64)[positions // block_size] * block_size + positions % block_size
 
 
 def pack_prefill(tokens: list[list[int]], num_cached: list[int], block_tables: list[list[int]], block_size: int) -> list[torch.Tensor]:
@@ -58,17 +64,20 @@ def pack_prefill(tokens: list[list[int]], num_cached: list[int], block_tables: l
     for i, (seq, cached, table) in enumerate(zip(tokens, num_cached, block_tables)):
         if not 0 <= cached < len(seq):
             raise ValueError(f"pack_prefill: sequence {i} has {cached} cached of {len(seq)} tokens; at least one must be computed")
-        seq_slots = [_slot(table, p, block_size) for p in range(len(seq))]
-        ctx += seq_slots
+        _check_blocks(table, len(seq), block_size)
+        positions = torch.arange(len(seq))
+        seq_slots = _slots(table, positions, block_size)
+        ctx.append(seq_slots)
         ids += seq[cached:]
-        pos += range(cached, len(seq))
-        slots += seq_slots[cached:]
+        pos.append(positions[cached:])
+        slots.append(seq_slots[cached:])
         cu_q.append(len(ids))
-        cu_k.append(len(ctx))
+        cu_k.append(cu_k[-1] + len(seq))
         last.append(len(ids) - 1)
     i64, i32 = torch.int64, torch.int32
-    return [torch.tensor(ids, dtype=i64), torch.tensor(pos, dtype=i64), torch.tensor(slots, dtype=i64),
-            torch.tensor(ctx, dtype=i64), torch.tensor(cu_q, dtype=i32), torch.tensor(cu_k, dtype=i32), torch.tensor(last, dtype=i64)]
+    empty = torch.empty(0, dtype=i64)
+    return [torch.tensor(ids, dtype=i64), torch.cat(pos) if pos else empty, torch.cat(slots) if slots else empty,
+            torch.cat(ctx) if ctx else empty, torch.tensor(cu_q, dtype=i32), torch.tensor(cu_k, dtype=i32), torch.tensor(last, dtype=i64)]
 
 
 def pack_decode(last_tokens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, width: int) -> list[torch.Tensor]:
@@ -79,14 +88,15 @@ def pack_decode(last_tokens: list[int], seq_lens: list[int], block_tables: list[
     """
     if not len(seq_lens) == len(block_tables) == len(last_tokens):
         raise ValueError("pack_decode: last_tokens, seq_lens and block_tables must have one entry per sequence")
-    tables = torch.zeros(len(last_tokens), width, dtype=torch.int32)
-    slots = []
     for i, (n, table) in enumerate(zip(seq_lens, block_tables)):
         if len(table) > width:
             raise ValueError(f"pack_decode: sequence {i} has {len(table)} blocks, more than the width {width}")
         if n < 1:
             raise ValueError(f"pack_decode: sequence {i} is empty")
-        tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        slots.append(_slot(table, n - 1, block_size))
+        _check_blocks(table, n, block_size)
+    tables = np.zeros((len(block_tables), width), dtype=np.int32)
+    for row, table in zip(tables, block_tables):
+        row[: len(table)] = table
+    slots = [table[(n - 1) // block_size] * block_size + (n - 1) % block_size for n, table in zip(seq_lens, block_tables)]
     return [torch.tensor(last_tokens, dtype=torch.int64), torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64),
-            torch.tensor(slots, dtype=torch.int64), tables, torch.tensor(seq_lens, dtype=torch.int32)]
+            torch.tensor(slots, dtype=torch.int64), torch.from_numpy(tables), torch.tensor(seq_lens, dtype=torch.int32)]
