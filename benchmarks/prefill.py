@@ -8,7 +8,9 @@ with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each l
 every Triton kernel launched through Triton, launched directly after its first call
 (:mod:`kernels.triton.launch`, where Triton's version allows it), and replayed from the engine's
 prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
-run, so that a drift of the host's speed reaches them alike.
+run, so that a drift of the host's speed reaches them alike. The notes name the host ops that
+served (``engine._C`` or its Python twins: the prompt's block hashes and the step's packing are
+host work inside the time to first token).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def time_to_first_token(llm, length: int, seed: int) -> float:
 
 
 def measure(args) -> list[Row]:
-    from engine import LLM
+    from engine import LLM, native
 
+    host_ops = native.status()["host_ops"]  # engine._C or its Python twins (block hashes, step packing)
     ckpt = model.checkpoint(args.model_dir)
     gemm = harness.bf16_gemm_flops()
     longest = max(LENGTHS)
@@ -68,7 +71,7 @@ def measure(args) -> list[Row]:
             rows.append(Row("engine prefill" + name, f"b1 prompt{length}",
                             f"{ttft * 1e3:.1f} ms to first token", f"{length / ttft:.0f} tok/s",
                             harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
-                            peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work"))
+                            peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work; host ops {host_ops}"))
     return rows
 
 

@@ -363,7 +363,7 @@ def test_dense_tuner_rows_name_heads_and_weight_dtype_in_microseconds(monkeypatc
     from benchmarks import dense as dense_bench
     from kernels.triton import dense
 
-    configs = dense.candidates(16, 512, 128, 132)
+    configs = dense.candidates(16, 16, 512, 128, 132)
     timed = [(0.002, configs[1]), (0.003, configs[0])]
     monkeypatch.setattr(dense, "TIMED", {(16, 16, 512, 128, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.device("cuda", 0)):
                                          (configs[0], timed)})

@@ -35,7 +35,7 @@ def test_every_candidate_configuration_matches_the_reference_and_leaves_the_coun
     m, n, k = 3, 200, 640  # a column tail, K not a multiple of the splits
     x, w = randn(gen, m, k), randn(gen, n, k, scale=k ** -0.5)
     ref = dense_reference(x, w)
-    configs = dense_kernels.candidates(1, n, k, 132)
+    configs = dense_kernels.candidates(16, 1, n, k, 132)
     assert any(c.split_k > 1 for c in configs) and any(c.split_k == 1 for c in configs)
     for config in configs:
         assert_close(dense_kernels.launch(x, w, torch.bfloat16, config), ref)

@@ -115,21 +115,28 @@ def row_bucket(m: int) -> int:
     return max(16, next_power_of_2(m))
 
 
-def _split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
-    """The fewest K splits (a power of two) that give ``tiles`` at least one program per SM,
-    each split keeping at least one K block."""
+def _split_for(tiles: int, k: int, block_k: int, programs: int, min_blocks: int = 1) -> int:
+    """The fewest K splits (a power of two) that give ``tiles`` at least ``programs`` programs,
+    each split keeping at least ``min_blocks`` K blocks."""
     split = 1
-    while split * 2 <= _MAX_SPLIT and tiles * split < sms and cdiv(k, block_k) >= split * 2 and tiles <= _COUNTERS:
+    while (split * 2 <= _MAX_SPLIT and tiles * split < programs and cdiv(k, block_k) >= split * 2 * min_blocks
+           and tiles <= _COUNTERS):
         split *= 2
     return split
 
 
 @functools.lru_cache(maxsize=4096)
-def candidates(heads: int, n: int, k: int, sms: int) -> list[DenseConfig]:
-    """The configurations worth timing for this shape, the untimed default first: 32-column tiles
-    over 128-deep K blocks, split until every SM has a program; then other widths, depths and
-    split counts."""
+def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseConfig]:
+    """The configurations worth timing for a row bucket and shape, the untimed default first. Up
+    to 16 rows of one weight (not per head) at least 256 wide and 512 deep: 64-column tiles over
+    256-deep K blocks, split until half the SMs have a program, each split keeping two K blocks
+    (what the tuner picked at the benchmark model's decode projections on an H200, 2026-12-02,
+    weights read from memory: 1.1-1.4x the 32-column tiles); else 32-column tiles over 128-deep
+    blocks, split until every SM has a program. Then other widths, depths and split counts."""
     configs = []
+    if bucket <= 16 and heads == 1 and n >= 256 and k >= 512:
+        tiles = cdiv(n, 64) * heads
+        configs.append(DenseConfig(64, 256, _split_for(tiles, k, 256, sms // 2, min_blocks=2)))
     for block_n in (32, 16, 64):
         for block_k in (128, 256):
             tiles = cdiv(n, block_n) * heads
@@ -188,7 +195,7 @@ def choose_config(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype)
     key = (row_bucket(x.shape[0]), heads, n, k, x.dtype, weight.dtype, out_dtype, x.device)
     if key in TIMED:
         return TIMED[key][1][0][1]
-    configs = candidates(heads, n, k, num_sms(x.device))
+    configs = candidates(row_bucket(x.shape[0]), heads, n, k, num_sms(x.device))
     if x.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
         return configs[0]
     _tile_counters(x.device)  # before the timed graphs capture anything
