@@ -44,7 +44,7 @@ ceiling (copy bandwidth for memory-bound ops; the GEMM ceilings for compute-boun
 the engine's decode step, the memory floor (bytes of active weights and KV read per step /
 copy bandwidth) over the step time). *vs peer*: peer time / our time (above 1: faster than the
 peer), with the peer named: the op's torch reference for memory-bound ops, cuBLAS for the FP8
-GEMM, the same MoE computed by the separate ops expert by expert, and transformers' `generate`
+and dense GEMMs, the same MoE computed by the separate ops expert by expert, and transformers' `generate`
 on the same weights for the engine.
 
 Goals: memory-bound ops (rmsnorm, rope, act_quant, swiglu, kv.store, mla_decode at long
