@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import datetime
 import functools
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,20 @@ def median_ms(fn: Callable[[], object], graph: bool = False) -> float:
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def graph_replay_ms(graph, replays: int = 30) -> float:
+    """Median GPU milliseconds of one replay of a captured ``torch.cuda.CUDAGraph`` (CUDA events
+    around each replay; the first few left out as warm-up)."""
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[max(1, replays // 6):])
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ every Triton kernel launched through Triton, launched directly after its first c
 prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
 run, so that a drift of the host's speed reaches them alike. The notes name the host ops that
 served (``engine._C`` or its Python twins: the prompt's block hashes and the step's packing are
-host work inside the time to first token).
+host work inside the time to first token) and, for the graph, its replay's GPU time alone.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ def measure(args) -> list[Row]:
                     times[name].append(ttft)
         flops = model.prefill_flops(model.CONFIG, length)
         through_triton = statistics.median(times[""])
-        for name, _, _ in ways:
+        graph_ms = harness.graph_replay_ms(llm.runner.prefill_graphs.graphs[length], replays=7)  # the last prompt, again
+        replay = f"; the graph's replay alone {graph_ms:.1f} ms of GPU time"
+        for name, _, graph in ways:
             ttft = statistics.median(times[name])
             peer = harness.speedup(ttft, through_triton, "launch through Triton") if name else "-"
             rows.append(Row("engine prefill" + name, f"b1 prompt{length}",
                             f"{ttft * 1e3:.1f} ms to first token", f"{length / ttft:.0f} tok/s",
                             harness.percent(flops / ttft, gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s"),
-                            peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work; host ops {host_ops}"))
+                            peer, f"{flops / ttft / 1e12:.0f} TFLOP/s of matmul work; host ops {host_ops}"
+                            + (replay if graph else "")))
     return rows
 
 

@@ -32,17 +32,7 @@ PROFILED_STEPS = 8
 def replay_ms(llm, batch: int) -> float:
     """Median GPU milliseconds of one replay of the decode graph that serves ``batch`` rows."""
     graphs = llm.runner.graphs
-    size = next(s for s in graphs.batch_sizes if s >= batch)
-    graph = graphs.graphs[size]
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[5:])
+    return harness.graph_replay_ms(graphs.graphs[next(s for s in graphs.batch_sizes if s >= batch)])
 
 
 def _device_time_us(event) -> float:

@@ -26,16 +26,21 @@ from .sampler import SamplingBatch, sample_packed
 class PrefillGraphs:
     def __init__(self, model, sizes: list[int], max_seqs: int, device: torch.device, capture: bool):
         self.model, self.sizes, self.max_seqs = model, sorted(set(sizes)), max_seqs
-        n, dev, i64 = self.sizes[-1], torch.device(device), torch.int64
-        self.input_ids = torch.zeros(n, dtype=i64, device=dev)
-        self.positions = torch.zeros(n, dtype=i64, device=dev)
-        self.slots = torch.full((n,), -1, dtype=i64, device=dev)
-        self.context_slots = torch.zeros(n, dtype=i64, device=dev)
-        self.cu_seqlens = torch.zeros(2, max_seqs + 2, dtype=torch.int32, device=dev)  # queries, keys
-        self.last = torch.zeros(max_seqs, dtype=i64, device=dev)
-        self.sampling = SamplingBatch(torch.zeros(max_seqs, device=dev), torch.zeros(max_seqs, dtype=i64, device=dev),
-                                      torch.ones(max_seqs, device=dev), torch.zeros(max_seqs, dtype=i64, device=dev),
-                                      torch.zeros(max_seqs, dtype=i64, device=dev))
+        n, s, dev = self.sizes[-1], max_seqs, torch.device(device)
+        # A step's inputs are staged in three pinned host buffers (filled through numpy views) and
+        # reach the device in three copies; the graphs read views of the device copies.
+        pin = dev.type == "cuda"
+        host = (torch.zeros(4 * n + 4 * s, dtype=torch.int64, pin_memory=pin),  # 4 token rows; last, top_k, seed, step
+                torch.zeros(2 * s, dtype=torch.float32, pin_memory=pin),  # temperature, top_p
+                torch.zeros(2, s + 2, dtype=torch.int32, pin_memory=pin))  # cu_seqlens of queries, keys
+        self._tokens_h, self._rows_h = host[0].numpy()[: 4 * n].reshape(4, n), host[0].numpy()[4 * n :].reshape(4, s)
+        self._floats_h, self._cu_h = host[1].numpy().reshape(2, s), host[2].numpy()
+        self._tokens_h[2], self._floats_h[1] = -1, 1.0  # slots of padding, top_p
+        self._host, self._device = host, tuple(t.to(dev) for t in host)
+        self.input_ids, self.positions, self.slots, self.context_slots = self._device[0][: 4 * n].view(4, n)
+        self.last, top_k, seed, step = self._device[0][4 * n :].view(4, s)
+        self.sampling = SamplingBatch(self._device[1][:s], top_k, self._device[1][s:], seed, step)
+        self.cu_seqlens = self._device[2]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if capture:  # warm-up and capture on one padding sequence
@@ -62,22 +67,22 @@ class PrefillGraphs:
     def run(self, seqs, packed: list[torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One prefill step of ``seqs`` (their ``pack_prefill`` output ``packed``, on the host) on
         ``size`` tokens (:meth:`size_for`). Returns the fp32 logits [B, vocab] and the packed
-        results [B, 3]; after a replay, views of the graph's outputs that the next replay overwrites."""
+        results [B, 3]; after a replay, views of the graph's outputs that the next replay overwrites.
+        The host buffers are reused by the next call: read this step's results before it."""
         ids, positions, slots, context, cu_q, cu_k, last = packed
         t, b = ids.shape[0], len(seqs)
-        for buffer, values, pad in ((self.input_ids, ids, 0), (self.positions, positions, 0), (self.slots, slots, -1),
-                                    (self.context_slots, context, 0)):
-            buffer[:t].copy_(values, non_blocking=True)
-            buffer[t:size].fill_(pad)
-        cu = torch.full((2, self.max_seqs + 2), size, dtype=torch.int32)
-        cu[0, : b + 1], cu[1, : b + 1] = cu_q, cu_k
-        self.cu_seqlens.copy_(cu, non_blocking=True)
-        self.last.copy_(torch.cat([last, torch.zeros(self.max_seqs - b, dtype=torch.int64)]), non_blocking=True)
-        rows = SamplingBatch.of(seqs, torch.device("cpu"))
-        for name in ("temperature", "top_k", "top_p", "seed", "step"):
-            target = getattr(self.sampling, name)
-            target[:b].copy_(getattr(rows, name), non_blocking=True)
-            target[b:].fill_(1.0 if name == "top_p" else 0)
+        for row, values, pad in ((0, ids, 0), (1, positions, 0), (2, slots, -1), (3, context, 0)):
+            self._tokens_h[row, :t], self._tokens_h[row, t:size] = values.numpy(), pad
+        self._cu_h[:] = size
+        self._cu_h[0, : b + 1], self._cu_h[1, : b + 1] = cu_q.numpy(), cu_k.numpy()
+        params = [s.params for s in seqs]
+        rows = (last.tolist(), [p.top_k for p in params], [s.seed for s in seqs], [s.num_completion_tokens for s in seqs])
+        for row, values in enumerate(rows):
+            self._rows_h[row, :b], self._rows_h[row, b:] = values, 0
+        for row, values, pad in ((0, [p.temperature for p in params], 0.0), (1, [p.top_p for p in params], 1.0)):
+            self._floats_h[row, :b], self._floats_h[row, b:] = values, pad
+        for target, source in zip(self._device, self._host):
+            target.copy_(source, non_blocking=True)
         if size in self.graphs:
             self.graphs[size].replay()
             logits, results = self.outputs[size]
