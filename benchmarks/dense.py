@@ -93,14 +93,8 @@ def tuner_rows(top: int = 3) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--tune", action="store_true", help="run the tuned configuration, then list the tuner's fastest")
-    args = p.parse_args(argv)
-    code = harness.run("gemm.dense (Triton) vs cuBLAS at decode shapes", measure, args)
-    fastest = tuner_rows() if args.tune else []
-    if fastest:
-        harness.print_rows(fastest, "gemm.dense: the tuner's fastest candidates per shape (printed, not written)")
-    return code
+    return harness.run_tunable(__doc__.split("\n\n")[0], "gemm.dense (Triton) vs cuBLAS at decode shapes", measure, tuner_rows,
+                               "gemm.dense", argv)
 
 
 if __name__ == "__main__":

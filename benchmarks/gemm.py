@@ -97,15 +97,8 @@ def tuner_rows(top: int = 3) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--tune", action="store_true",
-                   help="time the tuned configuration instead of each shape's default, then list the tuner's fastest")
-    args = p.parse_args(argv)
-    code = harness.run("gemm.fp8_block backends vs cuBLAS FP8 row-wise", measure, args)
-    fastest = tuner_rows() if args.tune else []
-    if fastest:
-        harness.print_rows(fastest, "gemm.fp8_block: the tuner's fastest candidates per shape (printed, not written)")
-    return code
+    return harness.run_tunable(__doc__.split("\n\n")[0], "gemm.fp8_block backends vs cuBLAS FP8 row-wise", measure, tuner_rows,
+                               "gemm.fp8_block", argv)
 
 
 if __name__ == "__main__":

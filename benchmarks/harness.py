@@ -198,6 +198,21 @@ def tuner_rows(timed: dict, shape: Callable[[tuple], str], time: Callable[[float
     return rows
 
 
+def run_tunable(description: str, title: str, measure: Callable[[argparse.Namespace], list[Row]],
+                tuner_rows: Callable[[], list[Row]], op: str, argv: list[str] | None) -> int:
+    """:func:`run` for a kernel benchmark with ``--tune`` (``args.tune`` for ``measure``): with it,
+    the tuner's fastest candidates per shape are printed after the rows (not written)."""
+    p = parser(description)
+    p.add_argument("--tune", action="store_true",
+                   help="time the tuned configuration instead of each shape's default, then list the tuner's fastest")
+    args = p.parse_args(argv)
+    code = run(title, measure, args)
+    fastest = tuner_rows() if args.tune else []
+    if fastest:
+        print_rows(fastest, f"{op}: the tuner's fastest candidates per shape (printed, not written)")
+    return code
+
+
 def append_rows(rows: list[Row], out: Path) -> None:
     """Append ``rows`` to the table in ``out`` (created with its header when missing)."""
     env = environment()
