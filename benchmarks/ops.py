@@ -1,6 +1,7 @@
-"""Memory-bound ops against the device's copy bandwidth: rmsnorm, rope, act_quant, swiglu,
-kv.store and mla_decode at long context, each at a size that fills the chip, beside its torch
-reference (the peer). ``python -m benchmarks.ops [--out FILE] [--no-write]``.
+"""Memory-bound ops against the device's copy bandwidth: rmsnorm, rope, act_quant, swiglu, kv.store
+(and with the norm and rotation fused, kv.norm_rope_store) and mla_decode at long context, each at a
+size that fills the chip, beside its torch reference (the peer).
+``python -m benchmarks.ops [--out FILE] [--no-write]``.
 
 Bytes counted are what the op must move: every input read once and every output written once
 (small tables such as positions, block tables and norm weights included, L2-resident reuse not).
@@ -46,6 +47,16 @@ def store_inputs(fp8: bool, tokens: int = STORE_TOKENS, page: int = 16, dev: str
     slots = torch.randperm(tokens, device=dev)
     args = (torch.randn(tokens, 512, device=dev, dtype=bf16), torch.randn(tokens, 64, device=dev, dtype=bf16), cache, slots)
     return args, ({"scale": torch.zeros(tokens // page, page, device=dev)} if fp8 else {})
+
+
+def norm_rope_store_inputs(tokens: int = STORE_TOKENS, dev: str = "cuda") -> tuple[tuple, dict]:
+    """``kv.norm_rope_store`` arguments: :func:`store_inputs`' rows as one bf16 [tokens, 576] kv
+    down-projection, a norm weight, random positions in a 4096-position rotary table."""
+    (latent, rope, cache, slots), kwargs = store_inputs(False, tokens, dev=dev)
+    kv = torch.cat([latent, rope], dim=1)
+    weight = torch.rand(512, device=dev, dtype=torch.bfloat16) + 0.5
+    positions = torch.randint(0, 4096, (tokens,), device=dev)
+    return (kv, weight, positions, cos_sin_cache(64, 4096, 10000.0, device=dev), cache, slots), {"eps": 1e-6}
 
 
 def store_bytes(fp8: bool, tokens: int = STORE_TOKENS) -> int:
@@ -101,6 +112,8 @@ def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
         ("act.swiglu", "swiglu", f"{TOKENS}x{2 * 4096} bf16", swiglu, TOKENS * 4096 * (4 + 2), 0.0),
         ("kv.store", "kv.store", f"{STORE_TOKENS} tok, 512+64 bf16", store(False), store_bytes(False), 0.0),
         ("kv.store", "kv.store fp8", f"{STORE_TOKENS} tok, 512+64 -> fp8", store(True), store_bytes(True), 0.0),
+        ("kv.norm_rope_store", "kv.norm_rope_store", f"{STORE_TOKENS} tok, 512+64 bf16", norm_rope_store_inputs,
+         store_bytes(False) + STORE_TOKENS * (8 + 64 * 4), 0.0),
         ("attn.mla_decode", "mla_decode", "b32 h16 ctx8192 page16 bf16", decode(32, 16, 8192), decode_bytes(32, 16, 8192, 1152), 0.0),
         ("attn.mla_decode", "mla_decode fp8 cache", "b32 h16 ctx8192 page16", decode(32, 16, 8192, True), decode_bytes(32, 16, 8192, 580), 0.0),
         ("attn.mla_decode", "mla_decode", "b32 h128 ctx4096 page16 bf16", decode(32, 128, 4096), decode_bytes(32, 128, 4096, 1152),

@@ -342,7 +342,7 @@ def test_decode_ops_replay_in_a_cuda_graph_with_new_routing_and_contexts():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op_name", ["moe.fused_experts", "attn.mla_prefill", "attn.mla_decode", "kv.store"])
+@pytest.mark.parametrize("op_name", ["moe.fused_experts", "attn.mla_prefill", "attn.mla_decode", "kv.store", "kv.norm_rope_store"])
 def test_full_shapes_match_the_reference_on_the_gpu(op_name):
     from kernels import ab, registry
 
@@ -367,3 +367,29 @@ def test_every_fused_experts_candidate_fits_hopper_shared_memory():
                     up = c.stages * (c.block_m + 2 * c.block_n_up) * bk_up * elem
                     down = c.stages * (c.block_m + c.block_n_down) * bk_down * elem
                     assert max(up, down) <= limit, (dtype, fp8, dim, pairs, c, up, down)
+
+
+def test_norm_rope_store_writes_what_the_three_ops_write_and_refuses_bad_shapes():
+    """The fused cache write against the references of norm.rmsnorm, rope.apply and kv.store run one
+    after the other (the engine's former path), on a strided column slice with padding rows; bad
+    shapes raise."""
+    from kernels.ops.norm import rmsnorm_reference
+    from kernels.ops.rope import apply_reference, cos_sin_cache
+
+    gen = generator(21)
+    tokens, rank, rope_dim = 6, 64, 32
+    wide = randn(gen, tokens, 40 + rank + rope_dim, dtype=torch.bfloat16)
+    kv_low = wide[:, 40:]
+    weight = (randn(gen, rank) * 0.1 + 1).bfloat16()
+    positions = torch.randint(0, 512, (tokens,), generator=gen).to(DEVICE)
+    table = cos_sin_cache(rope_dim, 512, 10000.0).to(DEVICE)
+    slots = torch.tensor([5, -1, 17, 2, -1, 30], device=DEVICE)
+    fused, composed = (torch.zeros(4, 8, rank + rope_dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    kv.norm_rope_store(kv_low, weight, positions, table, fused, slots, eps=1e-6, interleaved=True)
+    store_reference(rmsnorm_reference(kv_low[:, :rank], weight, 1e-6),
+                    apply_reference(kv_low[:, rank:], positions, table, interleaved=True), composed, slots)
+    assert torch.equal(fused, composed) and torch.count_nonzero(fused.view(-1, rank + rope_dim)[[0, 1, 3]]) == 0
+    with pytest.raises(ValueError, match="need kv"):
+        kv.norm_rope_store(kv_low, weight[:-2].repeat(2), positions, table, fused, slots)
+    with pytest.raises(ValueError, match="cos_sin"):
+        kv.norm_rope_store(kv_low, weight, positions, table[:, :16], fused, slots)

@@ -1,15 +1,15 @@
 """Multi-head latent attention (MLA) over the paged latent cache.
 
-Every step first writes the new tokens' latent ``c_kv`` (after ``kv_a_layernorm``) and rotated
-rope key into the cache (``kv.store``). Prefill then reads its sequences' whole context back
-from the cache (cached prefix included), decompresses per-head keys and values with
-``kv_b_proj`` and runs ``attn.mla_prefill``. Decode absorbs ``W_UK`` into the query and
-``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent cache: fixed
-shapes, no host synchronization. ``kv_b_proj`` is held dense (dequantized once when FP8, as
-DeepSeek-V3's own inference does for the absorbed path), so prefill and decode use the very
-same weights. The two down-projections of the hidden state, ``q_a_proj`` and
-``kv_a_proj_with_mqa``, run as one GEMM (their weights side by side) wherever they fuse (same
-kind; FP8 with ``q_lora_rank`` a multiple of 128, as in DeepSeek-V3), else as two.
+Every step first writes the new tokens' latent ``c_kv`` (after ``kv_a_layernorm``) and rotated rope
+key into the cache, the norm and the rotation fused with the write (``kv.norm_rope_store``). Prefill
+then reads its sequences' whole context back from the cache (cached prefix included), decompresses
+per-head keys and values with ``kv_b_proj`` and runs ``attn.mla_prefill``. Decode absorbs ``W_UK``
+into the query and ``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent
+cache: fixed shapes, no host synchronization. ``kv_b_proj`` is held dense (dequantized once when
+FP8, as DeepSeek-V3's own inference does for the absorbed path), so prefill and decode use the very
+same weights. The two down-projections of the hidden state, ``q_a_proj`` and ``kv_a_proj_with_mqa``,
+run as one GEMM (their weights side by side) wherever they fuse (same kind; FP8 with ``q_lora_rank``
+a multiple of 128, as in DeepSeek-V3), else as two.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ class MLAttention:
         q = self.q_b(self.q_a_norm(q_low)) if self.q_lora else self.q_proj(x)
         q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope_dim], dim=-1)
         q_rope = self.rotary(q_rope, positions)
-        latent, k_rope = kv_low.split([self.rank, self.rope_dim], dim=-1)
-        kv.store(self.kv_a_norm(latent), self.rotary(k_rope, positions), self.kv_cache, meta.slots)
+        kv.norm_rope_store(kv_low, self.kv_a_norm.weight, positions, self.rotary.cache, self.kv_cache, meta.slots,
+                           eps=self.kv_a_norm.eps, interleaved=self.rotary.interleaved)
         o = self._prefill(q_nope, q_rope, meta) if meta.is_prefill else self._decode(q_nope, q_rope, meta)
         return self.o_proj(o.reshape(t, self.heads * self.v_dim))
 

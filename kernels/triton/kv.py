@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
+from ..registry import UnsupportedCall
 from .common import (MIN_PROGRAMS, cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype,
                      rows_per_program)
 from .launch import direct
@@ -104,6 +105,15 @@ def _store_rows(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, rows, n_r
                      mask=in_range[:, None] & (r < RANK)[None, :], other=0.0).to(tl.float32)
     rope = tl.load(rope_ptr + rows[:, None] * stride_rope + d[None, :],
                    mask=in_range[:, None] & (d < ROPE)[None, :], other=0.0).to(tl.float32)
+    _write_rows(latent, rope, slots, write, cache_ptr, scale_ptr, r, d, RANK, ROPE, FP8_CACHE, HARDWARE_CAST)
+
+
+@triton.jit
+def _write_rows(latent, rope, slots, write, cache_ptr, scale_ptr, r, d, RANK: tl.constexpr, ROPE: tl.constexpr,
+                FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+    """fp32 tiles ``latent`` [rows, BLOCK_R] and ``rope`` [rows, BLOCK_D] (zeros past RANK and
+    ROPE) written to the ``write`` rows' ``slots``: cast to the cache's dtype, or as FP8 codes of
+    the whole row with its scale."""
     r_mask = write[:, None] & (r < RANK)[None, :]
     d_mask = write[:, None] & (d < ROPE)[None, :]
     dst = cache_ptr + slots[:, None] * (RANK + ROPE)
@@ -118,6 +128,42 @@ def _store_rows(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, rows, n_r
         ty = cache_ptr.dtype.element_ty
         tl.store(dst + r[None, :], round_to_dtype(latent, ty).to(ty), mask=r_mask)
         tl.store(dst + RANK + d[None, :], round_to_dtype(rope, ty).to(ty), mask=d_mask)
+
+
+@direct
+@triton.jit
+def _norm_rope_store_kernel(kv_ptr, w_ptr, pos_ptr, cs_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_kv,
+                            stride_cs, eps, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr,
+                            HALF: tl.constexpr, ROWS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                            FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    in_range = rows < n_rows
+    slots = tl.load(slots_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+    ty = kv_ptr.dtype.element_ty
+    # The latent's RMSNorm: fp32, rounded to kv's dtype (as norm.rmsnorm).
+    r = tl.arange(0, BLOCK_R)
+    x = tl.load(kv_ptr + rows[:, None] * stride_kv + r[None, :], mask=in_range[:, None] & (r < RANK)[None, :],
+                other=0.0).to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / RANK + eps)
+    w = tl.load(w_ptr + r, mask=r < RANK, other=0.0).to(tl.float32)
+    latent = round_to_dtype(x * inv_rms[:, None] * w[None, :], ty)
+    # The key rotated by its position: fp32, rounded to kv's dtype (as rope.apply). ROPE = 2 * HALF.
+    pos = tl.load(pos_ptr + rows, mask=in_range, other=0).to(tl.int64)
+    f = tl.arange(0, HALF)
+    cs = cs_ptr + pos[:, None] * stride_cs + f[None, :]
+    cos, sin = tl.load(cs).to(tl.float32), tl.load(cs + HALF).to(tl.float32)
+    key = kv_ptr + rows[:, None] * stride_kv + RANK
+    if INTERLEAVED:  # pairs (k[2i], k[2i + 1])
+        a, b = tl.split(tl.reshape(tl.load(key + tl.arange(0, ROPE)[None, :], mask=in_range[:, None], other=0.0)
+                                   .to(tl.float32), [ROWS, HALF, 2]))
+        rope = tl.reshape(tl.join(a * cos - b * sin, b * cos + a * sin), [ROWS, ROPE])
+    else:  # halves (k[i], k[i + HALF])
+        a = tl.load(key + f[None, :], mask=in_range[:, None], other=0.0).to(tl.float32)
+        b = tl.load(key + HALF + f[None, :], mask=in_range[:, None], other=0.0).to(tl.float32)
+        rope = tl.reshape(tl.permute(tl.join(a * cos - b * sin, b * cos + a * sin), (0, 2, 1)), [ROWS, ROPE])
+    rope = round_to_dtype(rope, ty)
+    _write_rows(latent, rope, slots, in_range & (slots >= 0), cache_ptr, scale_ptr, r, tl.arange(0, ROPE), RANK, ROPE,
+                FP8_CACHE, HARDWARE_CAST)
 
 
 def store(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
@@ -159,3 +205,35 @@ def _validate(latent, rope, cache, slots, scale, fp8: bool) -> None:
     if fp8 and (tuple(scale.shape) != tuple(cache.shape[:2]) or scale.dtype != torch.float32 or not scale.is_contiguous()):
         raise ValueError(f"kv.store: scale must be contiguous float32 of shape {list(cache.shape[:2])}, "
                          f"got {scale.dtype} {list(scale.shape)}")
+
+
+def norm_rope_store(kv: torch.Tensor, norm_weight: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                    cache: torch.Tensor, slots: torch.Tensor, eps: float = 1e-6, interleaved: bool = True,
+                    scale: torch.Tensor | None = None):
+    """Same contract as :func:`kernels.ops.kv.norm_rope_store_reference`; one program per few rows,
+    each row read once. Rope dimensions whose half is not a power of two go to the next backend."""
+    fp8 = cache.dtype == FP8
+    rank = norm_weight.shape[0] if norm_weight.dim() == 1 else -1
+    if kv.dim() != 2 or not 0 < rank < kv.shape[1] or (kv.shape[1] - rank) % 2:
+        raise ValueError(f"kv.norm_rope_store: need kv [T, R + Dr] with an even Dr and norm_weight [R], "
+                         f"got {tuple(kv.shape)} and {tuple(norm_weight.shape)}")
+    rope_dim = kv.shape[1] - rank
+    if positions.shape != (kv.shape[0],) or cos_sin.dim() != 2 or cos_sin.shape[1] != rope_dim:
+        raise ValueError(f"kv.norm_rope_store: need positions [{kv.shape[0]}] and cos_sin [max_positions, {rope_dim}], "
+                         f"got {tuple(positions.shape)} and {tuple(cos_sin.shape)}")
+    half = rope_dim // 2
+    if half & (half - 1):
+        raise UnsupportedCall(f"a rope dimension of {rope_dim} (the kernel rotates halves of a power-of-two width)")
+    _validate(kv[:, :rank], kv[:, rank:], cache, slots, scale, fp8)
+    n_rows = kv.shape[0]
+    if n_rows:
+        block_r = next_power_of_2(rank)
+        config = store_config(n_rows, block_r + rope_dim, False)
+        cos_sin = cos_sin if cos_sin.stride(1) == 1 else cos_sin.contiguous()
+        _norm_rope_store_kernel[(cdiv(n_rows, config.rows),)](
+            kv, norm_weight.contiguous(), positions.contiguous(), cos_sin, slots, cache.view(torch.uint8) if fp8 else cache,
+            scale if fp8 else cache, n_rows, kv.stride(0), cos_sin.stride(0), eps, RANK=rank, ROPE=rope_dim,
+            BLOCK_R=block_r, HALF=half, ROWS=config.rows, INTERLEAVED=interleaved, FP8_CACHE=fp8,
+            HARDWARE_CAST=compiled_for_gpu(), num_warps=config.num_warps,
+        )
+    return (cache, scale) if fp8 else cache
