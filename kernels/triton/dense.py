@@ -15,9 +15,9 @@ there: the same products, fp32 accumulation and one rounding.
 
 The configuration is tuned once per (row bucket, heads, N, K, dtypes, device) by timing the
 candidates on the GPU with the weight read from memory (cycling through stand-ins twice the L2's
-size), as ``gemm.fp8_block``'s is (not under the interpreter, while a CUDA graph
-is captured, or with ``ENGINE_OPS_TUNE=0``: the first candidate then). Configurations that split K
-differently differ in the last bits.
+size), as ``gemm.fp8_block``'s is (not under the interpreter, while a CUDA graph is captured, or
+with ``ENGINE_OPS_TUNE=0``: the first candidate then). Configurations that split K differently
+differ in the last bits.
 """
 
 from __future__ import annotations
@@ -130,9 +130,10 @@ def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseC
     """The configurations worth timing for a row bucket and shape, the untimed default first. Up
     to 16 rows of one weight (not per head) at least 256 wide and 512 deep: 64-column tiles over
     256-deep K blocks, split until half the SMs have a program, each split keeping two K blocks
-    (what the tuner picked at the benchmark model's decode projections on an H200, 2026-12-02,
-    weights read from memory: 1.1-1.4x the 32-column tiles); else 32-column tiles over 128-deep
-    blocks, split until every SM has a program. Then other widths, depths and split counts."""
+    (the tuner's usual pick at the benchmark model's decode projections on an H200, 2026-12-02:
+    its picks ran 1.0-1.37x as fast as the 32-column tiles with the weights read from memory);
+    else 32-column tiles over 128-deep blocks, split until every SM has a program. Then other
+    widths, depths and split counts."""
     configs = []
     if bucket <= 16 and heads == 1 and n >= 256 and k >= 512:
         tiles = cdiv(n, 64) * heads
