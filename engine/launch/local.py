@@ -38,7 +38,9 @@ def run_local(args: argparse.Namespace) -> int:
     env_record = rank_env.apply(env, quirks["settings"])
     package_root_env(env)
     started, t0 = utc_now(), time.monotonic()
-    run_dir = Path(tempfile.mkdtemp(prefix=".run-", dir=out))
+    # The ranks' shared folder (job, results, heartbeats) lives outside ``out``: a launcher killed
+    # before its cleanup (its stage's grace is short) leaves nothing among the artifacts.
+    run_dir = Path(tempfile.mkdtemp(prefix="engine-run-"))
     try:
         job.save(run_dir / "job.json")
         say(f"launch: {job.world_size} ranks on {job.device}, {len(job.prompts)} prompts, model {job.model}")
