@@ -3,7 +3,9 @@ projections of the engine benchmark's ~4.6B model. ``python -m benchmarks.dense 
 
 Shapes: every bf16 projection of a layer (fused q/kv down-projection, q up-projection, output
 projection, shared and dense experts' gate/up and down), the lm_head, the absorbed attention's
-two per-head projections (16 heads) and the fp32 router, at 1 and 32 rows. In a decode step each
+two per-head projections (16 heads) and the fp32 router, at 1 and 32 rows; then the shared
+experts' down-projection with the routed experts' output added in its launch, against cuBLAS
+followed by torch's add. In a decode step each
 weight is read from memory once, so a timed call cycles through enough copies of the weight to
 overflow the L2 cache (at least 256 MB), as consecutive layers do: CUDA-graph replays of the whole
 cycle, per call. cuBLAS gets the same operands (``F.linear``, ``torch.einsum`` per head; the router's
@@ -32,6 +34,8 @@ SHAPES = [("q/kv down", 1344, 2048, 0, torch.bfloat16), ("q up", 3072, 768, 0, t
           ("dense down", 2048, 5632, 0, torch.bfloat16), ("lm_head", 32000, 2048, 0, torch.bfloat16),
           ("q absorb", 512, 128, HEADS, torch.bfloat16), ("o absorb", 128, 512, HEADS, torch.bfloat16),
           ("router", 64, 2048, 0, torch.float32)]
+# (label, N, K): the projection that runs with the add fused into its launch
+WITH_ADD = ("shared down + add", 2048, 1408)
 L2_OVERFLOW = 256 << 20
 
 
@@ -78,7 +82,25 @@ def measure(args) -> list[Row]:
                             f"{'tuned' if args.tune else 'default'} {config.label()}; cuBLAS {peer * 1e3:.1f} us "
                             f"({harness.tb_s(nbytes, peer):.2f} TB/s); weights cycled past L2"))
             del x, weights
+        rows.append(_add_row(m, *WITH_ADD, copy, args.tune))
     return rows
+
+
+def _add_row(m: int, label: str, n: int, k: int, copy: float, tuned: bool) -> Row:
+    """The projection with the addend summed in its own launch, against cuBLAS and an add kernel."""
+    from kernels.triton.dense import choose_config, dense
+
+    x, weights = operands(m, n, k, 0, torch.bfloat16)
+    add = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ours = per_call_ms(lambda x, w, od: dense(x, w, od, add=add), x, weights, torch.bfloat16)
+    peer = per_call_ms(lambda x, w, od: F.linear(x, w).add_(add), x, weights, torch.bfloat16)
+    config = choose_config(x, weights[0], torch.bfloat16, add)
+    nbytes = weights[0].numel() * 2 + x.numel() * 2 + 2 * m * n * 2
+    return Row(f"gemm.dense {label}", f"{m}x{n}x{k} bfloat16 weight", f"{ours * 1e3:.1f} us",
+               f"{harness.tb_s(nbytes, ours):.2f} TB/s", harness.percent(nbytes / (ours * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s"),
+               harness.speedup(ours, peer, "cuBLAS + add"),
+               f"{'tuned' if tuned else 'default'} {config.label()}; cuBLAS then torch's add {peer * 1e3:.1f} us; "
+               "weights cycled past L2")
 
 
 def tuner_rows(top: int = 3) -> list[Row]:

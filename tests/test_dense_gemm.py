@@ -42,6 +42,19 @@ def test_every_candidate_configuration_matches_the_reference_and_leaves_the_coun
         assert int(dense_kernels._tile_counters(x.device).abs().sum()) == 0, config
 
 
+@pytest.mark.parametrize("m", [1, 3, 70], ids=["one row", "three rows", "prefill rows"])
+def test_the_addend_is_summed_after_the_products_rounding_in_every_candidate_configuration(m):
+    gen = generator(11)
+    n, k = 200, 640
+    x, w, add = randn(gen, m, k), randn(gen, n, k, scale=k ** -0.5), randn(gen, m, n)
+    expected = (dense_reference(x, w).float() + add.float()).to(torch.bfloat16)  # as y + add computes it
+    assert torch.equal(dense_reference(x, w, add=add), expected)
+    if m <= dense_kernels.MAX_ROWS:
+        for config in dense_kernels.candidates(dense_kernels.row_bucket(m), 1, n, k, 132):
+            assert torch.equal(dense_kernels.launch(x, w, torch.bfloat16, config, add), expected), config
+    assert_close(dense_kernels.dense(x, w, add=add), expected)
+
+
 def test_split_k_results_do_not_depend_on_the_program_order():
     gen = generator(4)
     x, w = randn(gen, 2, 1024, dtype=torch.float32), randn(gen, 96, 1024, dtype=torch.float32)
@@ -96,6 +109,17 @@ def test_bad_shapes_and_dtypes_are_refused(x_shape, w_shape, dtype, match):
         dense_kernels.dense(x, torch.ones(w_shape, dtype=torch.bfloat16, device=DEVICE))
 
 
+@pytest.mark.parametrize("x_shape, w_shape, kwargs, match", [
+    ((2, 3, 64), (3, 8, 64), {"add": (2, 3, 8)}, "add needs a plain weight"),
+    ((2, 64), (8, 64), {"add": (2, 9)}, r"add must be \[M, N\] = \[2, 8\]"),
+    ((2, 64), (8, 64), {"out": (2, 9)}, r"out must be \[2, 8\] torch.bfloat16"),
+])
+def test_a_bad_addend_or_output_is_refused(x_shape, w_shape, kwargs, match):
+    ones = lambda shape: torch.ones(shape, dtype=torch.bfloat16, device=DEVICE)  # noqa: E731
+    with pytest.raises(ValueError, match=match):
+        dense_kernels.dense(ones(x_shape), ones(w_shape), **{name: ones(shape) for name, shape in kwargs.items()})
+
+
 @pytest.mark.gpu
 def test_split_k_kernel_replays_in_a_cuda_graph_with_new_inputs():
     if not torch.cuda.is_available():
@@ -113,6 +137,26 @@ def test_split_k_kernel_replays_in_a_cuda_graph_with_new_inputs():
         torch.cuda.synchronize()
         assert torch.equal(out, dense_kernels.launch(x, w, torch.bfloat16, config))
         assert_close(out, dense_reference(x, w))
+
+
+@pytest.mark.gpu
+def test_split_k_launches_on_two_streams_at_once_keep_their_bits():
+    """Each stream counts its tiles' arrivals on counters of its own: two split-K GEMMs queued on
+    two streams, overlapping, give the bits they give one after the other."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    gen = generator(12)
+    config = dense_kernels.DenseConfig(32, 128, 8)
+    (xa, wa), (xb, wb) = [(randn(gen, 1, 2048), randn(gen, 2048, 2048, scale=2048 ** -0.5)) for _ in range(2)]
+    alone_a, alone_b = dense_kernels.launch(xa, wa, torch.bfloat16, config), dense_kernels.launch(xb, wb, torch.bfloat16, config)
+    side = torch.cuda.Stream()
+    for _ in range(20):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            b = dense_kernels.launch(xb, wb, torch.bfloat16, config)
+        a = dense_kernels.launch(xa, wa, torch.bfloat16, config)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(a, alone_a) and torch.equal(b, alone_b)
 
 
 @pytest.mark.gpu

@@ -393,3 +393,32 @@ def test_norm_rope_store_writes_what_the_three_ops_write_and_refuses_bad_shapes(
         kv.norm_rope_store(kv_low, weight[:-2].repeat(2), positions, table, fused, slots)
     with pytest.raises(ValueError, match="cos_sin"):
         kv.norm_rope_store(kv_low, weight, positions, table[:, :16], fused, slots)
+
+
+def test_the_decode_query_is_assembled_in_place_by_the_two_ops_that_make_it():
+    """The absorbed latent (``gemm.dense`` per head) and the rotated rope part (``rope.apply``)
+    written with ``out=`` into the two column ranges of one query buffer: bitwise what each op
+    returns on its own, nothing else in the buffer touched; the rope also in place (out = x)."""
+    from kernels.ops.rope import cos_sin_cache
+    from kernels.triton import dense, rope
+
+    gen = generator(31)
+    tokens, heads, nope, rope_dim, rank = 3, 4, 32, 16, 64
+    q = randn(gen, tokens, heads, nope + rope_dim, dtype=torch.bfloat16)
+    w_uk_t = randn(gen, heads, rank, nope, dtype=torch.bfloat16, scale=nope ** -0.5)
+    positions = torch.tensor([5, 0, 300], device=DEVICE)
+    table = cos_sin_cache(rope_dim, 512, 10000.0).to(DEVICE)
+    sentinel = torch.full((tokens, heads, rank + rope_dim + 8), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    buffer = sentinel.clone()
+    dense.dense(q[..., :nope], w_uk_t, out=buffer[..., :rank])
+    rope.apply(q[..., nope:], positions, table, out=buffer[..., rank:rank + rope_dim])
+    assert torch.equal(buffer[..., :rank], dense.dense(q[..., :nope], w_uk_t))
+    assert torch.equal(buffer[..., rank:rank + rope_dim], rope.apply(q[..., nope:], positions, table))
+    assert torch.equal(buffer[..., rank + rope_dim:], sentinel[..., rank + rope_dim:])
+    expected = rope.apply(q[..., nope:], positions, table, interleaved=False)
+    rope.apply(q[..., nope:], positions, table, interleaved=False, out=q[..., nope:])
+    assert torch.equal(q[..., nope:], expected)
+    with pytest.raises(ValueError, match="out must be"):
+        dense.dense(q[..., :nope], w_uk_t, out=buffer[..., :rank - 1])
+    with pytest.raises(ValueError, match="out must match x"):
+        rope.apply(q[..., nope:], positions, table, out=buffer[..., :rope_dim].float())

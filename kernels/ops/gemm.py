@@ -56,18 +56,25 @@ fp8_block.backend("deep_gemm", "kernels.vendor.deep_gemm:fp8_block")
 fp8_block.backend("tilelang", "kernels.tilelang.gemm:fp8_block")
 
 
-def dense_reference(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def dense_reference(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+                    add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight^T`` in fp32, rounded once to ``out_dtype`` (default: x's dtype).
 
     Plain: ``x`` [M, K], ``weight`` [N, K] -> [M, N]. Per head: ``x`` [M, H, K], ``weight``
     [H, N, K] -> [M, H, N] with ``out[m, h] = x[m, h] @ weight[h]^T`` (the absorbed attention's
     projections). ``x`` and ``weight`` may differ in dtype (bf16 activations, an fp32 router):
-    the products are of the values as given.
+    the products are of the values as given. ``add`` [M, N] (plain weights only) is added to the
+    rounded product in fp32 and the sum rounded again, as ``y + add`` computes it. ``out`` (the
+    result's shape and ``out_dtype``; e.g. a slice of a wider buffer) receives the result and is
+    returned.
     """
     out_dtype = out_dtype or x.dtype
     if weight.dim() == 3:
-        return torch.einsum("mhk,hnk->mhn", x.float(), weight.float()).to(out_dtype)
-    return (x.float() @ weight.float().t()).to(out_dtype)
+        y = torch.einsum("mhk,hnk->mhn", x.float(), weight.float()).to(out_dtype)
+    else:
+        y = (x.float() @ weight.float().t()).to(out_dtype)
+        y = y if add is None else (y.float() + add.float()).to(out_dtype)
+    return y if out is None else out.copy_(y)
 
 
 def _dense_cases(quick: bool) -> list[Case]:
@@ -88,8 +95,24 @@ def _dense_cases(quick: bool) -> list[Case]:
         shapes += [(m, 64, 2048, 0, bf16, fp32, fp32) for m in (1, 32)]
         shapes += [(m, 512, 128, 16, bf16, bf16, bf16) for m in (1, 32)] + [(m, 128, 512, 16, bf16, bf16, bf16) for m in (1, 32)]
         shapes += [(4096, 2048, 2048, 0, bf16, bf16, bf16)]  # prefill rows: cuBLAS
-    return [Case(f"{m}x{f'{h}h' if h else ''}{n}x{k}-{str(xd)[6:]}-{str(wd)[6:]}-{str(od)[6:]}", make(m, n, k, h, xd, wd, od), quick=quick)
-            for m, n, k, h, xd, wd, od in shapes]
+    plain = [Case(f"{m}x{f'{h}h' if h else ''}{n}x{k}-{str(xd)[6:]}-{str(wd)[6:]}-{str(od)[6:]}", make(m, n, k, h, xd, wd, od), quick=quick)
+             for m, n, k, h, xd, wd, od in shapes]
+    return plain + _dense_add_cases(quick)
+
+
+def _dense_add_cases(quick: bool) -> list[Case]:
+    """``gemm.dense`` with an addend, bf16 (as the shared experts' down-projection adds the routed
+    experts' output)."""
+    def make(m, n, k):
+        def build(gen, device):
+            x, w = randn(gen, (m, k), torch.bfloat16, device), randn(gen, (n, k), torch.bfloat16, device, k ** -0.5)
+            return (x, w), {"add": randn(gen, (m, n), torch.bfloat16, device)}
+        return build
+
+    # quick: a split K with a K tail, then prefill rows (the add after torch's product); full: the
+    # benchmark model's shared experts' down-projection
+    shapes = [(1, 200, 640), (70, 96, 128)] if quick else [(1, 2048, 1408), (32, 2048, 1408)]
+    return [Case(f"{m}x{n}x{k}-add", make(m, n, k), quick=quick) for m, n, k in shapes]
 
 
 dense = declare("gemm.dense", dense_reference, outputs=("out",), cases=_dense_cases)

@@ -62,13 +62,15 @@ def cos_sin_cache(dim: int, max_positions: int, base: float, scaling: dict | Non
     return cache.to(device) if device is not None else cache
 
 
-def apply_reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool = True) -> torch.Tensor:
+def apply_reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool = True,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate the last dimension of ``x`` [T, ..., D] by the angles of ``positions`` [T].
 
     ``cache`` is :func:`cos_sin_cache` output. ``interleaved`` (DeepSeek-V3's layout) rotates
     pairs ``(x[2i], x[2i+1])`` by frequency i; otherwise (NeoX) pairs ``(x[i], x[i + D/2])``.
     ``out_a = a*cos - b*sin``, ``out_b = b*cos + a*sin`` in fp32; the output keeps x's layout
-    and dtype.
+    and dtype. ``out`` (x's shape and dtype, e.g. the rotary slice of a wider query buffer)
+    receives the result and is returned.
     """
     d = x.shape[-1]
     cos, sin = cache[positions].float().chunk(2, dim=-1)
@@ -77,11 +79,12 @@ def apply_reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tenso
     xf = x.float()
     if interleaved:
         a, b = xf[..., 0::2], xf[..., 1::2]
-        out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+        y = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
     else:
         a, b = xf[..., : d // 2], xf[..., d // 2 :]
-        out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-    return out.to(x.dtype)
+        y = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    y = y.to(x.dtype)
+    return y if out is None else out.copy_(y)
 
 
 YARN_DEEPSEEK_V3 = {

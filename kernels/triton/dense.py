@@ -7,11 +7,13 @@ K. With K split over SPLIT_K programs, each writes its fp32 partial tile to a wo
 itself in on the tile's counter; the last to arrive sums the partials in split order (0, 1, ...),
 rounds once to the output dtype, stores, and sets the counter back to zero. One launch, and the
 result does not depend on which program finishes last. The counters (one int32 per tile, zero
-between launches) are kept per device: two calls on one device must not run at the same time on
-two streams.
+between launches) are kept per device and stream, so launches on two streams may overlap.
+
+A residual-style addend (the routed experts' output, for the shared experts' down-projection) is
+summed into the rounded result at the store: one elementwise kernel fewer per layer.
 
 More rows (prefill) go to torch's matmul (cuBLAS on a GPU), whose large tiles are the fastest
-there: the same products, fp32 accumulation and one rounding.
+there: the same products, fp32 accumulation and one rounding, then the addend.
 
 The configuration is tuned once per (row bucket, heads, N, K, dtypes, device) by timing the
 candidates on the GPU with the weight read from memory (cycling through stand-ins twice the L2's
@@ -57,19 +59,24 @@ class DenseConfig:
 
 
 @triton.jit
-def _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh):
-    """The tile's rows < M and columns < N, rounded once to the output's dtype."""
+def _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD: tl.constexpr):
+    """The tile's rows < M and columns < N, rounded once to the output's dtype (and, with an
+    addend, added to it in fp32 and rounded again)."""
     ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh + cols[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
     out = round_to_dtype(acc, out_ptr.dtype.element_ty)
-    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+    if HAS_ADD:
+        addend = tl.load(add_ptr + rows[:, None].to(tl.int64) * stride_am + cols[None, :], mask=mask, other=0.0)
+        out = round_to_dtype(out + addend.to(tl.float32), out_ptr.dtype.element_ty)
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @direct
 @triton.jit
-def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, M, N, stride_xm, stride_xh, stride_wh, stride_wn,
-                  stride_om, stride_oh, K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  IEEE: tl.constexpr, COMPILED: tl.constexpr):
+def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, add_ptr, M, N, stride_xm, stride_xh, stride_wh,
+                  stride_wn, stride_om, stride_oh, stride_am, K: tl.constexpr, K_SPLIT: tl.constexpr,
+                  EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr, IEEE: tl.constexpr, COMPILED: tl.constexpr):
     pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,7 +101,7 @@ def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, M, N, stride_xm, st
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if SPLIT_K == 1:
-        _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh)
+        _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
     else:
         tile = head * tl.num_programs(0) + pid_n
         ws = (ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
@@ -106,7 +113,7 @@ def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, M, N, stride_xm, st
             total = tl.load(ws, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
                 total += tl.load(ws + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-            _store_rows(out_ptr, total, rows, cols, head, M, N, stride_om, stride_oh)
+            _store_rows(out_ptr, total, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
             tl.store(counts_ptr + tile, 0)
 
 
@@ -148,27 +155,41 @@ def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseC
     return list(dict.fromkeys(configs))
 
 
+_LANES = 64  # streams with counters of their own, per device (beyond that, lanes are shared in turn)
 _counters: dict[torch.device, torch.Tensor] = {}
+_lanes: dict[tuple[torch.device, int], int] = {}
 
 
 def _tile_counters(device: torch.device) -> torch.Tensor:
+    """The split-K arrival counters of launches on the current stream of ``device``: launches on
+    two streams may run at the same time (a layer's side stream), one stream's run in order. All
+    lanes are allocated (zeroed) at the device's first call, so a stream first seen while a CUDA
+    graph is captured gets counters without allocating inside the capture."""
     counts = _counters.get(device)
     if counts is None:
-        counts = _counters[device] = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
-    return counts
+        counts = _counters[device] = torch.zeros(_LANES, _COUNTERS, dtype=torch.int32, device=device)
+    if device.type != "cuda":
+        return counts[0]
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    lane = _lanes.get(key)
+    if lane is None:
+        lane = _lanes[key] = len(_lanes) % _LANES
+    return counts[lane]
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config: DenseConfig) -> torch.Tensor:
+def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config: DenseConfig,
+           add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the kernel with one explicit configuration (inputs validated, at most MAX_ROWS rows,
-    K contiguous)."""
+    K contiguous; ``add`` [M, N] and ``out``, when given, with their last dimension contiguous)."""
     per_head = weight.dim() == 3
     m, k = x.shape[0], x.shape[-1]
     heads, n = (weight.shape[0], weight.shape[1]) if per_head else (1, weight.shape[0])
-    out = torch.empty((m, heads, n) if per_head else (m, n), dtype=out_dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, heads, n) if per_head else (m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0 or heads == 0:
         return out
     if k == 0:
-        return out.zero_()
+        return out.zero_() if add is None else out.copy_(add)
     bm, split = row_bucket(m), config.split_k
     tiles = cdiv(n, config.block_n) * heads
     if split > 1 and tiles > _COUNTERS:
@@ -176,12 +197,14 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config
     k_split = cdiv(cdiv(k, config.block_k), split) * config.block_k
     ws = torch.empty(tiles * split * bm * config.block_n, dtype=torch.float32, device=x.device) if split > 1 else out
     counts = _tile_counters(x.device) if split > 1 else out
-    strides = ((x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), heads * n, n) if per_head
-               else (x.stride(0), 0, 0, weight.stride(0), n, 0))
+    strides = ((x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1)) if per_head
+               else (x.stride(0), 0, 0, weight.stride(0), out.stride(0), 0))
+    addend = add if add is not None else out
     _dense_kernel[(cdiv(n, config.block_n), heads, split)](
-        x, weight, out, ws, counts, m, n, *strides, K=k, K_SPLIT=k_split, EVEN_K=k_split * split == k,
-        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        IEEE=x.dtype != weight.dtype or x.dtype == torch.float32, COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages)
+        x, weight, out, ws, counts, addend, m, n, *strides, addend.stride(0), K=k, K_SPLIT=k_split,
+        EVEN_K=k_split * split == k, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        HAS_ADD=add is not None, IEEE=x.dtype != weight.dtype or x.dtype == torch.float32,
+        COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
@@ -189,19 +212,20 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config
 TIMED: dict[tuple, tuple[DenseConfig, list[tuple[float, DenseConfig]]]] = {}
 
 
-def choose_config(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> DenseConfig:
+def choose_config(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
+                  add: torch.Tensor | None = None) -> DenseConfig:
     """The tuned configuration for this call's shape (timing the candidates on first use)."""
     heads, n = (weight.shape[0], weight.shape[1]) if weight.dim() == 3 else (1, weight.shape[0])
     k = x.shape[-1]
-    key = (row_bucket(x.shape[0]), heads, n, k, x.dtype, weight.dtype, out_dtype, x.device)
+    key = (row_bucket(x.shape[0]), heads, n, k, x.dtype, weight.dtype, out_dtype, x.device, add is not None)
     if key in TIMED:
         return TIMED[key][1][0][1]
     configs = candidates(row_bucket(x.shape[0]), heads, n, k, num_sms(x.device))
     if x.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
         return configs[0]
-    _tile_counters(x.device)  # before the timed graphs capture anything
+    _tile_counters(x.device)  # allocated before the timed graphs capture anything
     weights = _past_l2(weight)
-    timed = time_candidates(configs, lambda c: [launch(x, w, out_dtype, c) for w in weights],
+    timed = time_candidates(configs, lambda c: [launch(x, w, out_dtype, c, add) for w in weights],
                             f"gemm.dense at M={x.shape[0]}, heads={heads}, N={n}, K={k}")
     TIMED[key] = configs[0], [(ms / len(weights), config) for ms, config in timed]
     return TIMED[key][1][0][1]
@@ -223,7 +247,8 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> to
     return out.to(out_dtype)
 
 
-def _validate(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> None:
+def _validate(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, add: torch.Tensor | None,
+              out: torch.Tensor | None) -> None:
     if x.dim() not in (2, 3) or weight.dim() != x.dim():
         raise ValueError(f"gemm.dense: x [M, K] with weight [N, K], or x [M, H, K] with weight [H, N, K]; "
                          f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
@@ -234,14 +259,29 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> 
         raise ValueError(f"gemm.dense: x {tuple(x.shape)} and weight {tuple(weight.shape)} disagree on K or heads")
     if x.device != weight.device:
         raise ValueError(f"gemm.dense: x is on {x.device}, weight on {weight.device}")
+    if add is not None:
+        if weight.dim() == 3:
+            raise ValueError("gemm.dense: add needs a plain weight [N, K], not one per head")
+        if tuple(add.shape) != (x.shape[0], weight.shape[0]):
+            raise ValueError(f"gemm.dense: add must be [M, N] = [{x.shape[0]}, {weight.shape[0]}], got {tuple(add.shape)}")
+    if out is not None:
+        shape = (x.shape[0], *weight.shape[:-1])
+        if tuple(out.shape) != shape or out.dtype != out_dtype or out.device != x.device or out.stride(-1) != 1:
+            raise ValueError(f"gemm.dense: out must be {list(shape)} {out_dtype} on {x.device} with a contiguous last "
+                             f"dimension, got {list(out.shape)} {out.dtype} on {out.device} (strides {tuple(out.stride())})")
 
 
-def dense(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Same contract as :func:`kernels.ops.gemm.dense_reference`."""
+def dense(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+          add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as :func:`kernels.ops.gemm.dense_reference`; ``out`` needs a contiguous last
+    dimension."""
     out_dtype = out_dtype or x.dtype
-    _validate(x, weight, out_dtype)
+    _validate(x, weight, out_dtype, add, out)
     if x.shape[0] > MAX_ROWS:
-        return _matmul(x, weight, out_dtype)
+        y = _matmul(x, weight, out_dtype)
+        y = y if add is None else y.add_(add)
+        return y if out is None else out.copy_(y)
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    return launch(x, weight, out_dtype, choose_config(x, weight, out_dtype))
+    add = add if add is None or add.stride(-1) == 1 else add.contiguous()
+    return launch(x, weight, out_dtype, choose_config(x, weight, out_dtype, add), add, out)
