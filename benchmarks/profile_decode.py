@@ -5,9 +5,10 @@ For each batch: the median wall time of a whole engine step (schedule, pack, rep
 sample, tokens back to the host); the GPU time of the captured forward alone (CUDA events
 around ``graph.replay()`` of that batch size, inputs unchanged); and a ``torch.profiler`` trace
 of a few steps with every kernel the GPU ran (CUPTI records the kernels a graph launches), summed
-per kernel name and per step. GPU busy per step against the wall step says how much of the step
-is host work the GPU waits on; the kernel table says which kernels the GPU time goes to. Writes
-the tables as markdown to ``--out`` (and prints them).
+per kernel name and per step. The wall step against the replay says how much of the step is host
+work the GPU waits on; the kernel table says which kernels the GPU time goes to (summed: kernels
+on a layer's side stream run beside others, so the sum may exceed the replay). Writes the tables
+as markdown to ``--out`` (and prints them).
 """
 
 from __future__ import annotations
@@ -97,9 +98,10 @@ def report(llm, batch: int, copy_bps: float, top: int) -> str:
              f"- wall time of an engine step (median): {wall_ms:.3f} ms; memory floor {floor_ms:.3f} ms "
              f"({copy_bps / 1e12:.2f} TB/s copy)",
              f"- GPU time of the captured forward alone (graph replay): {graph_ms:.3f} ms",
-             f"- GPU busy per step in a trace of {traced} ({launches:.0f} kernels per step): {busy_ms:.3f} ms; "
-             f"the rest of the wall step, {max(wall_ms - busy_ms, 0):.3f} ms, the GPU waits on the host",
-             "", "| kernel | ms per step | launches per step | share of GPU busy |", "|---|---|---|---|"]
+             f"- kernel time per step in a trace of {traced} ({launches:.0f} kernels per step), summed (kernels on "
+             f"a layer's side stream overlap the others): {busy_ms:.3f} ms; the wall step exceeds the replay by "
+             f"{max(wall_ms - graph_ms, 0):.3f} ms (the host's part of a step)",
+             "", "| kernel | ms per step | launches per step | share of kernel time |", "|---|---|---|---|"]
     for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[: top or None]:
         lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} | {100 * us / 1e3 / n / busy_ms:.1f}% |")
     lines += ["", f"Host side, graph replays traced (self CPU time; the host ops ran `{native.status()['host_ops']}`):", "",

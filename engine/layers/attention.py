@@ -1,7 +1,8 @@
 """Multi-head latent attention (MLA) over the paged latent cache.
 
 Every step first writes the new tokens' latent ``c_kv`` (after ``kv_a_layernorm``) and rotated rope
-key into the cache, the norm and the rotation fused with the write (``kv.norm_rope_store``). Prefill
+key into the cache, the norm and the rotation fused with the write (``kv.norm_rope_store``; on a
+side stream beside the query's projections where the device has streams). Prefill
 then reads its sequences' whole context back from the cache (cached prefix included), decompresses
 per-head keys and values with ``kv_b_proj`` and runs ``attn.mla_prefill``. Decode absorbs ``W_UK``
 into the query and ``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent
@@ -25,6 +26,7 @@ from ..loader import LoadContext
 from .linear import Linear, concat_rows, load_linear, why_rows_do_not_fuse
 from .norm import RMSNorm
 from .rotary import Rotary
+from .side_stream import beside, join
 
 
 @dataclass
@@ -80,12 +82,13 @@ class MLAttention:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         t = x.shape[0]
         q_low, kv_low = self._down(x)
+        with beside(x.device):  # the cache write, beside the query's projections
+            kv.norm_rope_store(kv_low, self.kv_a_norm.weight, positions, self.rotary.cache, self.kv_cache, meta.slots,
+                               eps=self.kv_a_norm.eps, interleaved=self.rotary.interleaved)
         q = self.q_b(self.q_a_norm(q_low)) if self.q_lora else self.q_proj(x)
-        q_nope, q_rope = q.view(t, self.heads, -1).split([self.nope, self.rope_dim], dim=-1)
-        q_rope = self.rotary(q_rope, positions)
-        kv.norm_rope_store(kv_low, self.kv_a_norm.weight, positions, self.rotary.cache, self.kv_cache, meta.slots,
-                           eps=self.kv_a_norm.eps, interleaved=self.rotary.interleaved)
-        o = self._prefill(q_nope, q_rope, meta) if meta.is_prefill else self._decode(q_nope, q_rope, meta)
+        q = q.view(t, self.heads, self.nope + self.rope_dim)
+        join(x.device)
+        o = self._prefill(q, positions, meta) if meta.is_prefill else self._decode(q, positions, meta)
         return self.o_proj(o.reshape(t, self.heads * self.v_dim))
 
     def _down(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -96,16 +99,23 @@ class MLAttention:
             return q_low, kv_low
         return (self.q_a(x) if self.q_lora else None), self.kv_a(x)
 
-    def _prefill(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+    def _prefill(self, q: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        """Attention of the step's queries ``q`` [T, H, nope + rope] (rope part not yet rotated;
+        rotated in place) over their sequences' whole context, decompressed per head."""
+        self.rotary(q[..., self.nope :], positions, out=q[..., self.nope :])
         context = self.kv_cache.view(-1, self.kv_cache.shape[-1])[meta.context_slots]
         s = context.shape[0]
         k_nope, v = gemm.dense(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, context[:, None, self.rank :].expand(s, self.heads, self.rope_dim)], dim=-1)
-        q = torch.cat([q_nope, q_rope], dim=-1)
         return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale)
 
-    def _decode(self, q_nope: torch.Tensor, q_rope: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
-        q_latent = gemm.dense(q_nope, self.w_uk_t)  # [T, H, rank]
-        o_latent = attn.mla_decode(torch.cat([q_latent, q_rope], dim=-1), self.kv_cache, meta.block_tables,
-                                   meta.context_lens, self.scale, self.rank)
+    def _decode(self, q: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        """Absorbed attention of ``q`` [T, H, nope + rope] on the latent cache: the query's latent
+        part (``q_nope @ W_UK``) and its rotated rope part are written side by side into the
+        query the kernel reads, the latent output is projected by ``W_UV``."""
+        t = q.shape[0]
+        q_cache = torch.empty(t, self.heads, self.rank + self.rope_dim, dtype=q.dtype, device=q.device)
+        gemm.dense(q[..., : self.nope], self.w_uk_t, out=q_cache[..., : self.rank])
+        self.rotary(q[..., self.nope :], positions, out=q_cache[..., self.rank :])
+        o_latent = attn.mla_decode(q_cache, self.kv_cache, meta.block_tables, meta.context_lens, self.scale, self.rank)
         return gemm.dense(o_latent, self.w_uv)  # [T, H, v]

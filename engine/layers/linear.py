@@ -1,9 +1,10 @@
 """Linear layers, dense or FP8 block-scaled.
 
 bf16/fp32 weights run ``gemm.dense`` (as do the absorbed attention's per-head projections, the
-router and the lm_head). FP8 weights (float8_e4m3fn with a ``weight_scale_inv`` per 128x128
-block, as DeepSeek-V3 ships them) run DeepSeek-V3's inference path: ``quant.act_quant`` per
-128-channel token group, then ``gemm.fp8_block``.
+router and the lm_head), with an addend fused into its launch where the layer gives one. FP8
+weights (float8_e4m3fn with a ``weight_scale_inv`` per 128x128 block, as DeepSeek-V3 ships them)
+run DeepSeek-V3's inference path: ``quant.act_quant`` per 128-channel token group, then
+``gemm.fp8_block``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ class Linear:
     def fp8(self) -> bool:
         return self.scale is not None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T``, plus ``add`` when given (rounded once more, as ``y + add``: for dense
+        weights in the GEMM's own launch)."""
+        rows = x.reshape(-1, x.shape[-1])
         if not self.fp8:
-            return gemm.dense(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-        q, s = quant.act_quant(x.reshape(-1, x.shape[-1]), BLOCK, self.scale_fmt)
-        return self.on_quantized(q, s, x.dtype).view(*x.shape[:-1], -1)
+            y = gemm.dense(rows, self.weight, add=add)
+        else:
+            q, s = quant.act_quant(rows, BLOCK, self.scale_fmt)
+            y = self.on_quantized(q, s, x.dtype)
+            y = y if add is None else y.add_(add)
+        return y.view(*x.shape[:-1], -1)
 
     def on_quantized(self, q: torch.Tensor, s: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """FP8 GEMM of already quantized activations ``(q, s)`` (from ``act_quant``/``swiglu_quant``)."""

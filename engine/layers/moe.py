@@ -1,5 +1,6 @@
 """DeepSeek-V3 MoE: sigmoid router with grouped top-k (``moe.gate``), routed experts
-(``moe.fused_experts``) behind the exchange point, plus the always-on shared experts.
+(``moe.fused_experts``) behind the exchange point, plus the always-on shared experts (on a side
+stream beside the routed path where the device has streams).
 
 Without expert parallelism every expert is here (:class:`LocalExchange`); with it (``ep``, an
 :class:`engine.parallel.expert_parallel.ExpertParallel`) only this rank's experts are loaded and
@@ -17,6 +18,7 @@ from ..loader import LoadContext, LoadError
 from .expert_exchange import LocalExchange
 from .linear import concat_rows, load_linear
 from .mlp import MLP
+from .side_stream import beside, join
 
 
 class MoE:
@@ -36,12 +38,21 @@ class MoE:
         self.exchange = ep.exchange() if ep is not None else LocalExchange()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``routed(x) + shared(x)``: the shared experts' first half (gate/up and SwiGLU) runs beside
+        the router and the routed experts, their down-projection after both, adding the routed
+        output in its own launch."""
+        if self.shared is not None:
+            with beside(x.device):
+                shared_in = self.shared.activate(x)
         logits = gemm.dense(x, self.gate_weight, out_dtype=torch.float32)
         weights, ids = moe.gate(logits, self.bias, self.top_k, self.n_group, self.topk_group,
                                 routed_scaling_factor=self.routed_scaling_factor, norm_topk_prob=self.norm_topk_prob)
         xs, local_ids, local_weights = self.exchange.dispatch(x, ids, weights)
         y = self.exchange.combine(self._routed(xs, local_ids, local_weights))
-        return y + self.shared(x) if self.shared is not None else y
+        if self.shared is None:
+            return y
+        join(x.device, *shared_in)
+        return self.shared.project_down(shared_in, x.dtype, add=y)
 
     def idle(self) -> None:
         """Take part in the layer's exchange without tokens of its own: serve this rank's experts

@@ -14,6 +14,7 @@ class Rotary:
         self.cache = rope.cos_sin_cache(config.qk_rope_head_dim, max_positions, config.rope_theta, config.rope_scaling).to(device)
         self.interleaved = config.rope_interleave
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` [T, ..., rope_dim] by ``positions`` [T] (layout kept: q and k stay consistent)."""
-        return rope.apply(x, positions, self.cache, interleaved=self.interleaved)
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate ``x`` [T, ..., rope_dim] by ``positions`` [T] (layout kept: q and k stay consistent),
+        into ``out`` when given (which may be ``x`` itself)."""
+        return rope.apply(x, positions, self.cache, interleaved=self.interleaved, out=out)
