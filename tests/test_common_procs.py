@@ -34,8 +34,13 @@ def test_a_live_process_reads_back_what_it_is(tmp_path):
     before = time.time()
     proc = _sleeper(tmp_path, value)
     try:
-        deadline = time.monotonic() + 10  # until the child has exec'd (its environment is the new one)
-        while Path(f"/proc/{proc.pid}/exe").resolve() != (tmp_path / "a) b (c").resolve() and time.monotonic() < deadline:
+        # Until the child has exec'd and its new environment is in place: the kernel switches
+        # /proc/PID/exe before it lays out the new stack's environment, so for a moment after the
+        # exe changed the environment reads back empty (seen once in CI).
+        deadline = time.monotonic() + 10
+        odd = (tmp_path / "a) b (c").resolve()
+        while (Path(f"/proc/{proc.pid}/exe").resolve() != odd or not Path(f"/proc/{proc.pid}/environ").read_bytes()) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         st = procs.stat(proc.pid)
         assert st is not None and st.state in ("R", "S") and procs.alive(proc.pid)
