@@ -22,8 +22,11 @@ _streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _side(device: torch.device) -> torch.cuda.Stream:
+    """The device's side stream: never the current one (torch hands streams out from a pool in turn,
+    so a new one could be the very stream a graph is captured on)."""
+    current = torch.cuda.current_stream(device)
     stream = _streams.get(device)
-    if stream is None:
+    while stream is None or stream == current:
         stream = _streams[device] = torch.cuda.Stream(device)
     return stream
 
