@@ -66,7 +66,7 @@ def measure(args) -> list[Row]:
     from kernels.triton.dense import choose_config, dense
 
     copy = harness.copy_bandwidth()
-    rows = []
+    rows = harness.LiveRows()
     for m in ROWS:
         for label, n, k, heads, w_dtype in SHAPES:
             out_dtype = torch.float32 if w_dtype == torch.float32 else torch.bfloat16

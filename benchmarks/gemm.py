@@ -62,7 +62,7 @@ def measure(args) -> list[Row]:
     impls = {name: op.load(name) for name in harness.usable_backends(BACKENDS, "gemm")}
     ceiling = harness.fp8_gemm_flops()
     copy = harness.copy_bandwidth()
-    rows = []
+    rows = harness.LiveRows()
     for m, n, k in SHAPES:
         a, sa, b, sb = operands(m, n, k)
         graph = m <= 128

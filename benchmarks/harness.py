@@ -70,6 +70,23 @@ class Row:
     notes: str = ""
 
 
+class LiveRows(list):
+    """A benchmark's rows, each also printed to stderr as it is measured (one line: what, shape,
+    time, against the peer), so a long run shows its progress and a run cut short keeps them."""
+
+    def append(self, row: Row) -> None:
+        super().append(row)
+        print(f"[{len(self)}] {row.benchmark} | {row.shape} | {row.time} | {row.vs_peer}", file=sys.stderr, flush=True)
+
+    def extend(self, rows) -> None:
+        for row in rows:
+            self.append(row)
+
+    def __iadd__(self, rows):
+        self.extend(rows)
+        return self
+
+
 def no_gpu_reason() -> str | None:
     """None when a CUDA device is usable, else why not."""
     if not torch.cuda.is_available():

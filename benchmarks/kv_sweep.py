@@ -49,7 +49,7 @@ def measure(args) -> list[Row]:
     from kernels.triton.kv import store_candidates
 
     op = registry.get("kv.store")
-    rows = []
+    rows = harness.LiveRows()
     for fp8 in (False, True):
         call_args, kwargs = store_inputs(fp8)
         latent, rope, cache, slots = call_args

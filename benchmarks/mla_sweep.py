@@ -67,7 +67,7 @@ def measure(args) -> list[Row]:
     from kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
-    rows = []
+    rows = harness.LiveRows()
     for batch, heads, context, fp8 in SHAPES:
         make_args = decode_inputs(batch, heads, context, fp8=fp8, page=PAGE)
         (q, cache, tables, lens, scale, rank), kwargs = make_args
@@ -93,7 +93,7 @@ def split_rows() -> list[Row]:
     from kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
-    rows = []
+    rows = harness.LiveRows()
     for batch, context, table in SHORT:
         (q, cache, tables, lens, scale, rank), _ = decode_inputs(batch, 16, table, page=16)
         lens.fill_(context)

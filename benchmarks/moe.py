@@ -81,7 +81,7 @@ def measure(args) -> list[Row]:
     from kernels.triton.experts import fused_experts
 
     copy, gemm = harness.copy_bandwidth(), harness.fp8_gemm_flops()
-    rows = []
+    rows = harness.LiveRows()
     for spec in (SMALL, DSV3):
         e, k, d, i, fp8 = spec["experts"], spec["top_k"], spec["dim"], spec["inter"], spec["fp8"]
         w13, w2, s13, s2 = make_weights(e, d, i, fp8)

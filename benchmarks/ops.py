@@ -123,7 +123,7 @@ def _cases() -> list[tuple[str, str, str, Callable[[], tuple], int, float]]:
 
 def measure(args) -> list[Row]:
     copy = harness.copy_bandwidth()
-    rows = []
+    rows = harness.LiveRows()
     for op_name, label, shape, make, nbytes, flops in _cases():
         op = registry.get(op_name)
         impl = op.load("triton")

@@ -54,7 +54,7 @@ def measure(args) -> list[Row]:
     # (row suffix, direct launch, prefill graph); the first is the peer of the others
     ways = [("", False, False), (", direct launch", True, False), (", CUDA graph", False, True)]
     ways = [way for way in ways if direct_available or not way[1]]
-    rows = []
+    rows = harness.LiveRows()
     for length in LENGTHS:
         times: dict[str, list[float]] = {name: [] for name, _, _ in ways}
         for run in range(RUNS + 1):  # run 0 compiles and tunes this prefill's shapes, each way

@@ -370,3 +370,12 @@ def test_dense_tuner_rows_name_heads_and_weight_dtype_in_microseconds(monkeypatc
     rows = dense_bench.tuner_rows(top=1)
     assert [(r.benchmark, r.shape, r.time, r.notes) for r in rows] == [
         (f"#1 {configs[1].label()}", "M<=16x16h512x128 bfloat16", "2.0 us", f"default {configs[0].label()} 3.0 us")]
+
+
+def test_live_rows_print_each_row_as_it_is_measured(capsys):
+    rows = harness.LiveRows()
+    rows.append(harness.Row("gemm.dense q up", "1x3072x768", "4.7 us", "1.00 TB/s", vs_peer="0.95x cuBLAS"))
+    assert capsys.readouterr().err == "[1] gemm.dense q up | 1x3072x768 | 4.7 us | 0.95x cuBLAS\n"
+    rows += [harness.Row("a", "s1", "1 ms", "-"), harness.Row("b", "s2", "2 ms", "-")]
+    assert capsys.readouterr().err.splitlines() == ["[2] a | s1 | 1 ms | -", "[3] b | s2 | 2 ms | -"]
+    assert [r.benchmark for r in rows] == ["gemm.dense q up", "a", "b"] and isinstance(rows, harness.LiveRows)
