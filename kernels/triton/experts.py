@@ -341,7 +341,7 @@ def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale
     key = (next_power_of_2(max(pairs, 1)), tuple(w13.shape), tuple(w2.shape), fp8, scale_fmt, x.dtype, x.device)
     if key in _TUNED:
         return _TUNED[key]
-    if torch.cuda.is_current_stream_capturing() or not tuning_enabled():
+    if x.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
         return configs[0]
     args = (x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt)
     timed = time_candidates(configs, lambda c: launch(*args, c), f"moe.fused_experts for {pairs} pairs, w13 {tuple(w13.shape)}")
