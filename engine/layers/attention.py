@@ -2,7 +2,7 @@
 
 Every step first writes the new tokens' latent ``c_kv`` (after ``kv_a_layernorm``) and rotated rope
 key into the cache, the norm and the rotation fused with the write (``kv.norm_rope_store``; on a
-side stream beside the query's projections where the device has streams). Prefill
+side stream beside the query's projections while a CUDA graph is captured). Prefill
 then reads its sequences' whole context back from the cache (cached prefix included), decompresses
 per-head keys and values with ``kv_b_proj`` and runs ``attn.mla_prefill``. Decode absorbs ``W_UK``
 into the query and ``W_UV`` into the output and runs ``attn.mla_decode`` directly on the latent

@@ -1,6 +1,6 @@
 """DeepSeek-V3 MoE: sigmoid router with grouped top-k (``moe.gate``), routed experts
 (``moe.fused_experts``) behind the exchange point, plus the always-on shared experts (on a side
-stream beside the routed path where the device has streams).
+stream beside the routed path while a CUDA graph is captured).
 
 Without expert parallelism every expert is here (:class:`LocalExchange`); with it (``ep``, an
 :class:`engine.parallel.expert_parallel.ExpertParallel`) only this rank's experts are loaded and
