@@ -102,6 +102,52 @@ def test_a_replaced_distribution_is_complete_and_leaves_nothing_behind(tmp_path,
     assert run(python, code) == [PILLOW_OLD, [1, 2, 3]]  # TIFF goes through the libtiff in pillow.libs
 
 
+def dist_entries(folder: Path, *names: str) -> list[str]:
+    """What another image's python3 runs: bringup/docker/dist_entries.py given as -c text."""
+    script = (REPO / "bringup" / "docker" / "dist_entries.py").read_text()
+    proc = subprocess.run(["python3", "-I", "-c", script, str(folder), *names], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_entries_listed_for_named_distributions_hold_exactly_their_files(tmp_path, wheels):
+    source = reference(tmp_path, wheels)
+    pillow, pyzmq = dist_entries(source, "Pillow"), dist_entries(source, "pyzmq")
+    assert "PIL" in pillow and "zmq" in pyzmq and f"pillow-{PILLOW_OLD}.dist-info" in pillow
+    assert not set(pillow) & set(pyzmq)
+    assert set(pillow) | set(pyzmq) == {p.name for p in source.iterdir()} - {"bin"}
+    for listed, info in ((pillow, "pillow-*.dist-info"), (pyzmq, "pyzmq-*.dist-info")):
+        assert all(rel.split("/")[0] in listed for rel in record(source, info) if not rel.startswith(".."))
+    assert dist_entries(source, "PYZMQ", "no-such-dist") == pyzmq
+    assert dist_entries(source, "no-such-dist") == []
+
+
+@pytest.mark.docker
+def test_an_image_without_python_has_its_whole_folder_exported(tmp_path, wheels, monkeypatch):
+    """No python3 to list the named distributions' files: the whole folder comes, and it says so."""
+    import tarfile
+
+    from bringup.docker.api import Docker, sdk_client
+    from bringup.docker.images import export_folders
+
+    monkeypatch.setenv("BRINGUP_CACHE", str(tmp_path / "cache"))
+    source = reference(tmp_path, wheels)
+    tarball = tmp_path / "rootfs.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(source, arcname="site")
+    docker = Docker(sdk_client())
+    tag = f"bringup-test/no-python:{tmp_path.name.lower()[-20:]}"
+    docker.import_tarball(tarball, tag, [])
+    lines: list[str] = []
+    try:
+        exported = export_folders(docker, [(tag, "/site", ("pyzmq",))], lines.append)
+    finally:
+        sdk_client().images.remove(tag, force=True)
+    folder = exported[(tag, "/site", ("pyzmq",))]
+    assert {p.name for p in folder.iterdir()} == {p.name for p in source.iterdir()}
+    assert any("cannot list the distributions' files" in line and "exporting the whole folder" in line for line in lines), lines
+
+
 @pytest.mark.docker
 def test_copy_from_another_docker_images_site_packages(tmp_path, wheels, monkeypatch):
     """The env stage of an image copies PyYAML (imported as yaml) out of the stock-cpu stand-in."""
@@ -129,4 +175,5 @@ def test_copy_from_another_docker_images_site_packages(tmp_path, wheels, monkeyp
     assert step["status"] == "applied" and step["detail"] == f"copied pyyaml {version}"
     where, seen = run(python, "import json, yaml; print(json.dumps([yaml.__file__, yaml.__version__]))")
     assert Path(where).is_relative_to(site) and seen == version
-    assert list((tmp_path / "cache" / "reference").glob("*/dist-packages/yaml/__init__.py"))
+    (exported,) = (tmp_path / "cache" / "reference").glob("*/dist-packages")
+    assert (exported / "yaml" / "__init__.py").is_file() and not (exported / "torch").exists()  # only PyYAML's entries

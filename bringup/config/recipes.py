@@ -56,7 +56,8 @@ An env recipe is a list of fix-up steps, each a mapping with one step kind (and 
       - optional_package: {dist: tilelang, at_least: 0.1.15, install: [tilelang==0.1.15, ...], if_missing: [cloudpickle==3.1.3]}
 
 ``copy_site_packages`` with ``image`` copies from a folder inside another docker image: the host
-exports that folder once (cached by the image's id) and mounts it for the env stage.
+exports that folder (only the entries holding ``dists`` when they are named) once, cached by the
+image's id, and mounts it for the env stage.
 """
 
 from __future__ import annotations
@@ -168,11 +169,13 @@ class Recipe:
             path = Path(self.source)
         return (path if path.is_absolute() else (repo / path)).resolve(), None
 
-    def reference_folders(self) -> list[tuple[str, str]]:
-        """(docker image, folder inside it) of every ``copy_site_packages`` step that reads another image."""
-        return [(s.params["image"], s.params["from"]) for s in self.steps if s.kind == "copy_site_packages" and s.params.get("image")]
+    def reference_folders(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(docker image, folder inside it, the distributions it copies: none for all) of every
+        ``copy_site_packages`` step that reads another image."""
+        return [(s.params["image"], s.params["from"], tuple(s.params.get("dists") or ()))
+                for s in self.steps if s.kind == "copy_site_packages" and s.params.get("image")]
 
-    def to_spec(self, repo: Path = REPO, exported: dict[tuple[str, str], Path] | None = None) -> dict[str, Any]:
+    def to_spec(self, repo: Path = REPO, exported: dict[tuple[str, str, tuple[str, ...]], Path] | None = None) -> dict[str, Any]:
         """The JSON form the in-image stage receives (sources resolved on the host; a folder read
         from another image replaced by where ``exported`` says the host put it)."""
         source, why_not = self.resolve_source(repo) if self.kind == "build" else (None, None)
@@ -180,7 +183,7 @@ class Recipe:
         for s in self.steps:
             params = s.params
             if s.kind == "copy_site_packages" and params.get("image"):
-                key = (params["image"], params["from"])
+                key = (params["image"], params["from"], tuple(params.get("dists") or ()))
                 if exported is None or key not in exported:
                     raise ConfigError(f"{shown(self.path)}: {s.name}: the folder {params['from']} of image {params['image']} was not exported by the host")
                 params = {**params, "from": str(exported[key])}

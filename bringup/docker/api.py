@@ -3,7 +3,9 @@
     docker = Docker.connect()                      # DockerError (saying why) when no daemon answers
     docker.exists(ref), docker.image_id(ref), docker.image_env(ref), docker.pull(ref)
     for line in docker.build(context, dockerfile, tag, buildargs, network): ...
-    docker.import_tarball(path, tag, changes), docker.copy_out(ref, folder, fileobj)
+    docker.import_tarball(path, tag, changes)
+    with docker.image_files(ref, argv) as files:       # one created container, removed at the end
+        files.output(timeout); files.archive(path, fileobj)
     docker.labelled(label), docker.remove(container_id), docker.container_name(container_id)
     docker.version(), docker.runtimes()
     with docker.container(spec, keep=False) as box:    # created, attached, removed at the end
@@ -131,20 +133,9 @@ class Docker:
         repository, _, version = tag.partition(":")
         self._client.api.import_image_from_file(str(tarball), repository=repository, tag=version, changes=changes)
 
-    def copy_out(self, ref: str, folder: str, into: IO[bytes]) -> None:
-        """``docker cp``: the tar stream of ``folder`` in ``ref`` (from a created, never started
-        container) written to ``into``; DockerError when the image has no such folder."""
-        import docker.errors
-
-        container = self._client.containers.create(ref, ["true"])
-        try:
-            stream, _ = container.get_archive(folder)
-            for chunk in stream:
-                into.write(chunk)
-        except docker.errors.NotFound:
-            raise DockerError(f"image {ref} has no folder {folder}") from None
-        finally:
-            container.remove(force=True)
+    def image_files(self, ref: str, argv: list[str]) -> "ImageFiles":
+        """A container of ``ref`` for reading its files (see :class:`ImageFiles`)."""
+        return ImageFiles(self._client, ref, argv)
 
     # containers
     def labelled(self, label: str) -> list[ContainerInfo]:
@@ -246,6 +237,58 @@ class Container:
         if self._owner is not None:
             self._owner.close()
         if self._container is not None and not self.keep:
+            self._container.remove(force=True)
+
+
+class ImageFiles:
+    """One container of an image, created (no network) when the block starts and removed when it
+    ends, however it ends: its files are read with ``archive``; ``output`` runs its command first
+    when a listing is needed."""
+
+    def __init__(self, client: Any, ref: str, argv: list[str]):
+        self._client, self.ref, self.argv = client, ref, argv
+        self._container: Any = None
+
+    def __enter__(self) -> "ImageFiles":
+        import docker.errors
+
+        try:
+            self._container = self._client.containers.create(self.ref, self.argv, network_disabled=True)
+        except docker.errors.DockerException as exc:
+            raise DockerError(f"creating a container of {self.ref}: {exc}") from None
+        return self
+
+    def output(self, timeout: float) -> str:
+        """Run the command to its end: its stdout. DockerError when it cannot start, exits
+        non-zero or runs past ``timeout`` seconds."""
+        import docker.errors
+        import requests.exceptions
+
+        try:
+            self._container.start()
+            code = self._container.wait(timeout=timeout)["StatusCode"]
+            out = self._container.logs(stdout=True, stderr=False).decode("utf-8", errors="replace")
+            err = self._container.logs(stdout=False, stderr=True).decode("utf-8", errors="replace")
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise DockerError(f"{' '.join(self.argv[:1])} in {self.ref}: {exc}") from None
+        if code != 0:
+            raise DockerError(f"{' '.join(self.argv[:1])} in {self.ref} exited with {code}: {err.strip()[-500:]}")
+        return out
+
+    def archive(self, path: str, into: IO[bytes]) -> None:
+        """``docker cp``: the tar stream of ``path`` written to ``into``; DockerError when the image
+        has no such path."""
+        import docker.errors
+
+        try:
+            stream, _ = self._container.get_archive(path)
+            for chunk in stream:
+                into.write(chunk)
+        except docker.errors.NotFound:
+            raise DockerError(f"image {self.ref} has no {path}") from None
+
+    def __exit__(self, *exc_info) -> None:
+        if self._container is not None:
             self._container.remove(force=True)
 
 

@@ -3,7 +3,7 @@ Dockerfile builds FROM a base, and pulls. Each is made only when its tag is miss
 
     ensure_image(docker, image, sink)    # the tag to run a matrix image from
     build_offline(docker, recipe, sink)  # images/<name>/recipe.yaml -> bringup/<name>:<hash>
-    export_folders(docker, wanted, sink) # folders of other images, copied to the host (cached)
+    export_folders(docker, wanted, sink) # (parts of) folders of other images, copied to the host (cached)
 
 ``docker`` is a :class:`bringup.docker.api.Docker`.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from bringup.config.matrix import Image
-from bringup.docker.api import Docker, DockerError
+from bringup.docker.api import Docker, DockerError, ImageFiles
 from bringup.docker.image_spec import BAKE_CODE, ImageSpec, bake_plan
 from bringup.docker.offline_base import OFFLINE_PREFIX, OfflineRecipe, load_offline_recipe
 from bringup.docker.wheelhouse import WheelhouseError, cache_root, ensure_wheelhouse
@@ -106,37 +106,70 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def export_folders(docker: Docker, wanted: list[tuple[str, str]], sink: Sink) -> dict[tuple[str, str], Path]:
-    """Copy each (image, folder) to the host once, cached by the image's id; their host paths."""
+# A reference folder (image, folder inside it, distributions): with distributions named, only the
+# folder's entries that hold their files are copied (the image's own python3 lists them from the
+# RECORDs); with none, or in an image with no python3, the whole folder.
+Wanted = tuple[str, str, tuple[str, ...]]
+LIST_TIMEOUT_S = 300
+
+
+def export_folders(docker: Docker, wanted: list[Wanted], sink: Sink) -> dict[Wanted, Path]:
+    """Copy each wanted folder (or its named distributions) to the host once, cached by the
+    image's id; their host paths."""
     exported = {}
-    for ref, folder in dict.fromkeys(wanted):
+    for ref, folder, dists in dict.fromkeys(wanted):
         ref_id = docker.image_id(ensure_ref(docker, ref, sink))
-        key = hashlib.sha256(f"{ref_id}\0{folder}".encode()).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([ref_id, folder, *dists]).encode()).hexdigest()[:16]
         target = cache_root() / "reference" / key
         if not (target / ".complete").is_file():
-            sink(f"[bringup] exporting {folder} from {ref} into {target}")
-            _export(docker, ref, folder, target)
-        exported[(ref, folder)] = target / Path(folder).name
+            what = f"{', '.join(dists)} from {folder}" if dists else folder
+            sink(f"[bringup] exporting {what} of {ref} into {target}")
+            _export(docker, ref, folder, dists, target, sink)
+        exported[(ref, folder, dists)] = target / Path(folder).name
     return exported
 
 
-def _export(docker: Docker, ref: str, folder: str, target: Path) -> None:
-    """The folder's files, unpacked into ``target`` (atomically: a partial folder, then a rename)."""
+def _export(docker: Docker, ref: str, folder: str, dists: tuple[str, ...], target: Path, sink: Sink) -> None:
+    """The folder's files (or the entries holding ``dists``), unpacked into ``target``
+    (atomically: a partial folder, then a rename)."""
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    with tempfile.TemporaryFile() as tmp:
-        try:
-            docker.copy_out(ref, folder, tmp)
-        except DockerError as exc:
-            raise ImageError(str(exc)) from None
-        tmp.seek(0)
-        with tarfile.open(fileobj=tmp) as tar:
-            trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-            tar.extractall(partial, members=_safe_members(tar), **trusted)  # members already vetted
+    lister = ["python3", "-c", (Path(__file__).parent / "dist_entries.py").read_text(), folder, *dists]
+    try:
+        with docker.image_files(ref, lister if dists else ["true"]) as files:
+            entries = _dist_entries(files, ref, sink) if dists else None
+            if entries is None:
+                _unpack(files, folder, partial)
+            else:
+                (partial / Path(folder).name).mkdir()
+                for entry in entries:
+                    _unpack(files, f"{folder.rstrip('/')}/{entry}", partial / Path(folder).name)
+    except DockerError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ImageError(str(exc)) from None
     (partial / ".complete").write_text("")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
+
+
+def _dist_entries(files: ImageFiles, ref: str, sink: Sink) -> list[str] | None:
+    """The entries the image's python3 lists, or None (and why, to ``sink``) when it cannot."""
+    try:
+        return [str(e) for e in json.loads(files.output(LIST_TIMEOUT_S))]
+    except (DockerError, ValueError) as exc:
+        sink(f"[bringup] {ref}: cannot list the distributions' files ({exc}); exporting the whole folder")
+        return None
+
+
+def _unpack(files: ImageFiles, path: str, into: Path) -> None:
+    """``path`` of the container, as ``docker cp`` gives it, unpacked into the folder ``into``."""
+    with tempfile.TemporaryFile() as tmp:
+        files.archive(path, tmp)
+        tmp.seek(0)
+        with tarfile.open(fileobj=tmp) as tar:
+            trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+            tar.extractall(into, members=_safe_members(tar), **trusted)  # members already vetted
 
 
 def _safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:

@@ -190,12 +190,12 @@ class Pipeline:
         """e2e ranks: --world-size, else the image's, else the matrix default, else None (the launcher's)."""
         return self.options.world_size or image.world_size or self.options.matrix.settings.world_size
 
-    def _reference_folders(self, image: Image) -> dict[tuple[str, str], Path]:
+    def _reference_folders(self, image: Image) -> dict[images.Wanted, Path]:
         """Folders env recipes copy from other images (copy_site_packages with ``image``), exported to the host."""
         wanted = [ref for recipe in env_recipes(image, self.options.matrix) for ref in recipe.reference_folders()]
         return images.export_folders(self.docker(), wanted, self.options.display.line) if wanted else {}
 
-    def _mounts(self, stage: str, image: Image, exported: dict[tuple[str, str], Path]) -> list[Mount]:
+    def _mounts(self, stage: str, image: Image, exported: dict[images.Wanted, Path]) -> list[Mount]:
         """The repo (writable for build: vendor sources may build in place), the artifacts, build
         sources (a checkout outside the repo; the vendor folder, read-only, for pinned sources),
         and folders exported from reference images (read-only)."""
