@@ -205,6 +205,23 @@ def test_every_decode_configuration_computes_the_same_attention():
     assert attn.decode_splits(4, 128, 8192, 132, 64) >= attn.decode_splits(4, 128, 8192, 132, 16)
 
 
+def test_fp8_cache_decode_keeps_queries_beyond_fp16s_range():
+    """With an FP8 cache the dots run in fp16: a head whose query exceeds fp16's range (x 2^20),
+    one below its normal range (x 2^-20) and an ordinary one all match the fp32 reference."""
+    gen = generator(13)
+    args = decode_inputs(13, 2, 3, 32, 16, 12, 8, 5, dtype=torch.bfloat16)
+    args[1] = args[1].to(FP8)
+    args[0][:, 0] *= 2.0**20
+    args[0][:, 1] *= 2.0**-20
+    scale = (torch.rand(12, 8, generator=gen) * 0.1 + 0.01).to(DEVICE)
+    ref = mla_decode_reference(*args, scale)
+    assert ref[:, 0].abs().max() > 0 and ref[:, 1].abs().max() > 0
+    for splits in (1, 3):
+        out = attn.mla_decode_splits(*args, scale, splits)
+        for head in range(3):
+            assert rel_err(out[:, head], ref[:, head]) <= 1e-2, (splits, head)
+
+
 def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
     """On a GPU, bf16 calls with 64 or more heads run 64 heads per program (each cache row read
     once per 64 heads); fewer heads, and fp32 at any count, keep 16; the sweep starts from that."""

@@ -16,7 +16,11 @@ key (all ``R + Dr`` channels) and value (the first ``R``). The split count is fi
 shape (batch, heads, block-table width, SM count), never by the context lengths, so a captured
 graph stays valid and two runs are bitwise equal; a split's range is its share of the actual
 context, so short contexts do not scan the table's width. A second kernel merges the splits by
-their log-sum-exp, in split order.
+their log-sum-exp, in split order. With an FP8 cache the dots run in fp16 (fp32 for an fp32
+query): e4m3 codes widen to fp16 exactly in one instruction per pair, where widening to bf16
+takes four, one of them on the quarter-rate conversion unit; each query head is scaled by a
+power of two into fp16's range first, and a block's probabilities are taken relative to its
+largest row scale, which becomes the accumulator's unit.
 
 Two interpreter workarounds, both selected by the ``COMPILED`` constexpr: loops over runtime
 bounds are ``for`` loops when compiled (software-pipelined) and ``while`` loops under
@@ -223,10 +227,24 @@ def _validate_prefill(q, k, v, cu_q, cu_k) -> None:
 
 
 @triton.jit
-def _decode_block(acc, m_i, l_i, q, q_pe, cache_ptr, scale_ptr, table_row, start, end, r, d, r_ok, d_ok,
+def _fp16_query(q, q_pe):
+    """``q`` and ``q_pe`` [heads, *] in fp16 after a power-of-two scale per head that keeps each
+    head's largest magnitude below 2^15 (so every bf16 value in fp16's normal range converts
+    exactly), and the inverse scale [heads] the scores are multiplied by."""
+    amax = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), axis=1), tl.max(tl.abs(q_pe.to(tl.float32)), axis=1))
+    exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased: amax < 2^15 when it is at most 141
+    shift = tl.maximum(exponent - 141, 0)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    up = ((127 + shift) << 23).to(tl.float32, bitcast=True)
+    return (q.to(tl.float32) * down[:, None]).to(tl.float16), (q_pe.to(tl.float32) * down[:, None]).to(tl.float16), up
+
+
+@triton.jit
+def _decode_block(acc, m_i, l_i, unit, q, q_pe, cache_ptr, scale_ptr, table_row, start, end, r, d, r_ok, d_ok,
                   qk_scale, stride_page, stride_slot, PAGE: tl.constexpr, RANK: tl.constexpr,
                   FP8_CACHE: tl.constexpr, BLOCK_N: tl.constexpr, COMPILED: tl.constexpr):
-    """One block of cache rows of the online softmax for a group of heads."""
+    """One block of cache rows of the online softmax for a group of heads (``qk_scale`` [heads]);
+    the output so far is ``acc * unit / l_i``."""
     pos = start + tl.arange(0, BLOCK_N)
     ok = pos < end
     page = tl.load(table_row + pos // PAGE, mask=ok, other=0).to(tl.int64)
@@ -234,24 +252,34 @@ def _decode_block(acc, m_i, l_i, q, q_pe, cache_ptr, scale_ptr, table_row, start
     kv = tl.load(cache_ptr + row[:, None] + r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0)
     k_pe = tl.load(cache_ptr + row[:, None] + RANK + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
     if FP8_CACHE:
-        # Codes widen exactly to q's dtype; each row's scale multiplies its score column and,
-        # folded into the probabilities, its value row.
+        # Codes widen exactly to q's dtype (fp16, or fp32); each row's scale multiplies its score
+        # column and, folded into the probabilities relative to the block's largest scale (the
+        # new unit of acc), its value row. The score dot reads the codes transposed from a load
+        # of its own: one FP8 tile feeding both dots is loaded synchronously (the compiler
+        # pipelines a load into shared memory only when one dot takes it), and the second load
+        # finds the rows in L2.
+        kv_t = tl.load(cache_ptr + row[None, :] + r[:, None], mask=ok[None, :] & r_ok[:, None], other=0.0).to(q.dtype)
         kv = kv.to(q.dtype)
         k_pe = k_pe.to(q.dtype)
         row_scale = tl.load(scale_ptr + page * PAGE + pos % PAGE, mask=ok, other=0.0)
-    s = dot_f32(q, tl.trans(kv), tl.zeros([q.shape[0], BLOCK_N], tl.float32), COMPILED)
+    else:
+        kv_t = tl.trans(kv)
+    s = dot_f32(q, kv_t, tl.zeros([q.shape[0], BLOCK_N], tl.float32), COMPILED)
     s = dot_f32(q_pe, tl.trans(k_pe), s, COMPILED)
     if FP8_CACHE:
         s = s * row_scale[None, :]
-    s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(ok[None, :], s * qk_scale[:, None], float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if FP8_CACHE:
-        p = p * row_scale[None, :]
+        block_unit = tl.max(row_scale, axis=0)  # > 0: a block has a visible row, and scales are positive
+        p = p * (row_scale / block_unit)[None, :]
+        alpha = alpha * (unit / block_unit)
+        unit = block_unit
     acc = dot_f32(probs_to(p, kv.dtype, COMPILED), kv, acc * alpha[:, None], COMPILED)
-    return acc, m_new, l_i
+    return acc, m_new, l_i, unit
 
 
 @direct
@@ -276,23 +304,32 @@ def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, par
     q = tl.load(q_rows + r[None, :], mask=h_ok[:, None] & r_ok[None, :], other=0.0)
     q_pe = tl.load(q_rows + RANK + d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
     table_row = tables_ptr + seq.to(tl.int64) * stride_tb
+    head_qk = tl.full([BLOCK_H], qk_scale, tl.float32)
+    if FP8_CACHE and q.dtype != tl.float32:
+        # FP8 codes widen to fp16 in one instruction per pair (to bf16 it takes four), so the
+        # dots run in fp16: the query is scaled into fp16's range per head, exactly.
+        q, q_pe, q_up = _fp16_query(q, q_pe)
+        head_qk = head_qk * q_up
 
     acc = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    unit = 1.0
     if COMPILED:
         for n in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _decode_block(acc, m_i, l_i, q, q_pe, cache_ptr, scale_ptr, table_row, n, end, r, d, r_ok,
-                                          d_ok, qk_scale, stride_page, stride_slot, PAGE, RANK, FP8_CACHE, BLOCK_N, COMPILED)
+            acc, m_i, l_i, unit = _decode_block(acc, m_i, l_i, unit, q, q_pe, cache_ptr, scale_ptr, table_row, n, end, r,
+                                                d, r_ok, d_ok, head_qk, stride_page, stride_slot, PAGE, RANK, FP8_CACHE,
+                                                BLOCK_N, COMPILED)
     else:
         n = start
         while n < end:
-            acc, m_i, l_i = _decode_block(acc, m_i, l_i, q, q_pe, cache_ptr, scale_ptr, table_row, n, end, r, d, r_ok,
-                                          d_ok, qk_scale, stride_page, stride_slot, PAGE, RANK, FP8_CACHE, BLOCK_N, COMPILED)
+            acc, m_i, l_i, unit = _decode_block(acc, m_i, l_i, unit, q, q_pe, cache_ptr, scale_ptr, table_row, n, end, r,
+                                                d, r_ok, d_ok, head_qk, stride_page, stride_slot, PAGE, RANK, FP8_CACHE,
+                                                BLOCK_N, COMPILED)
             n += BLOCK_N
 
     # An empty split (or a context of 0) has l = 0: output 0 and log-sum-exp -inf.
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (unit / tl.where(l_i > 0, l_i, 1.0))[:, None]
     if SPLITS == 1:
         o_ty = o_ptr.dtype.element_ty
         o_ptrs = o_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + r[None, :]
