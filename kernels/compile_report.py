@@ -1,6 +1,10 @@
 """What the Triton kernels compile to for a GPU that is not here: per launch, the registers per
 thread, spilled bytes, shared memory, whether the loads are pipelined (``cp.async`` or TMA) and
-which MMA the dots use. ``python -m kernels.compile_report [--ops GLOBS] [--full] [--arch 90]``.
+which MMA the dots use, and what one iteration of the kernel's main loop costs a thread: its
+machine instructions, those that run on the quarter-rate unit (conversions ``F2F``/``I2F``/``F2I``
+and ``MUFU`` functions), its local-memory (spill) accesses, and the tile loads in the loop that
+the compiler did not pipeline (each waits for memory in its own iteration).
+``python -m kernels.compile_report [--ops GLOBS] [--full] [--arch 90]``.
 
 Each op's A/B cases (quick shapes, or DeepSeek-V3's with ``--full``) run their Triton wrapper on
 CPU tensors with every kernel launch replaced by a compilation for ``sm_<arch>``: the wrapper
@@ -26,6 +30,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -42,18 +47,69 @@ class Compiled:
     shared_bytes: int
     pipelined: str
     mma: str
+    loop: "LoopCost | None" = None
     error: str = ""
+
+
+@dataclass(frozen=True)
+class LoopCost:
+    """One iteration of a kernel's largest loop, per thread: SASS instructions, quarter-rate ones,
+    local-memory loads and stores, and tile loads not pipelined (from the TTGIR)."""
+
+    instructions: int
+    quarter_rate: int
+    local: int
+    unpipelined_loads: int
+
+
+def _cuobjdump(cubin: bytes, tools: Path, flag: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tools / "cuobjdump"), flag, f.name], capture_output=True, text=True, check=True,
+                              timeout=60).stdout
 
 
 def _resource_usage(cubin: bytes, tools: Path) -> tuple[int, int]:
     """``(registers per thread, stack bytes)`` that ``cuobjdump`` reads from a cubin."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
-                             text=True, check=True, timeout=60).stdout
+    out = _cuobjdump(cubin, tools, "--dump-resource-usage")
     regs, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
     return int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_QUARTER_RATE = re.compile(r"(F2F|I2F|F2I)(\.|$)|MUFU")
+
+
+def loop_cost(sass: str, ttgir: str) -> LoopCost | None:
+    """The largest loop of a kernel's SASS (the longest backward branch) and what one iteration
+    holds (see :class:`LoopCost`); None for a kernel without a loop."""
+    code = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_LINE.finditer(sass)]
+    spans = []
+    for address, opcode, operands in code:
+        target = re.search(r"0x([0-9a-f]+)", operands) if opcode == "BRA" else None
+        if target and int(target.group(1), 16) < address:
+            spans.append((address - int(target.group(1), 16), int(target.group(1), 16), address))
+    if not spans:
+        return None
+    _, start, end = max(spans)
+    body = [opcode for address, opcode, _ in code if start <= address <= end]
+    return LoopCost(len(body), sum(bool(_QUARTER_RATE.match(op)) for op in body),
+                    sum(op.startswith(("LDL", "STL")) for op in body), _unpipelined_loads(ttgir))
+
+
+def _unpipelined_loads(ttgir: str) -> int:
+    """``tt.load`` of 2-D tiles inside ``scf.for`` bodies of the TTGIR: loads the software
+    pipeliner left synchronous (it turns the loads it pipelines into async copies)."""
+    depth, count = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line and line.rstrip().endswith("{"):
+            depth += 1
+        elif depth and line.strip().startswith("}"):
+            depth -= 1
+        elif depth and "= tt.load" in line and re.search(r"tensor<\d+x\d+x!tt\.ptr", line):
+            count += 1
+    return count
 
 
 def _describe(ttgir: str) -> tuple[str, str]:
@@ -64,10 +120,18 @@ def _describe(ttgir: str) -> tuple[str, str]:
     return pipelined, mma
 
 
+class Recorder:
+    """Where the launches being compiled come from (``op``, ``case``) and what they became."""
+
+    def __init__(self):
+        self.op, self.case = "", ""
+        self.records: list[Compiled] = []
+
+
 @contextlib.contextmanager
-def compiling_for(arch: int, records: list[Compiled], where: list[str]):
+def compiling_for(arch: int) -> Iterator[Recorder]:
     """Within the block, every ``@triton.jit`` launch compiles for ``sm_<arch>`` and is recorded
-    (under ``where``'s current op and case) instead of running."""
+    (under the recorder's current op and case) instead of running."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -76,6 +140,7 @@ def compiling_for(arch: int, records: list[Compiled], where: list[str]):
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     tools = Path(triton.backends.nvidia.__file__).parent / "bin"
+    recorder = Recorder()
     original = JITFunction.run
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
@@ -85,14 +150,30 @@ def compiling_for(arch: int, records: list[Compiled], where: list[str]):
         kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         registers, spills = _resource_usage(kernel.asm["cubin"], tools)
         pipelined, mma = _describe(kernel.asm["ttgir"])
-        records.append(Compiled(where[0], where[1], self.__name__, registers, spills, kernel.metadata.shared, pipelined, mma))
+        loop = loop_cost(_cuobjdump(kernel.asm["cubin"], tools, "-sass"), kernel.asm["ttgir"])
+        recorder.records.append(Compiled(recorder.op, recorder.case, self.__name__, registers, spills,
+                                         kernel.metadata.shared, pipelined, mma, loop))
         return None
 
     JITFunction.run = compile_instead
     try:
-        yield
+        yield recorder
     finally:
         JITFunction.run = original
+
+
+@contextlib.contextmanager
+def _untuned() -> Iterator[None]:
+    """The ops' untuned defaults (nothing can be timed here); the caller's setting back after."""
+    before = os.environ.get("ENGINE_OPS_TUNE")
+    os.environ["ENGINE_OPS_TUNE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ENGINE_OPS_TUNE"]
+        else:
+            os.environ["ENGINE_OPS_TUNE"] = before
 
 
 def report(patterns: str | None, full: bool, arch: int) -> list[Compiled]:
@@ -100,24 +181,22 @@ def report(patterns: str | None, full: bool, arch: int) -> list[Compiled]:
     from . import ab
     from .cases import generator
 
-    records: list[Compiled] = []
-    where = ["", ""]
     ops = ab.select_ops(patterns)
-    os.environ["ENGINE_OPS_TUNE"] = "0"  # the untuned defaults: nothing can be timed here
-    with compiling_for(arch, records, where):
+    with _untuned(), compiling_for(arch) as recorder:
         for op in ops:
             if "triton" not in op.backends:
                 continue
             module_name, _, attr = op.backends["triton"].partition(":")
             impl = getattr(importlib.import_module(module_name), attr)
             for case in ab.iter_cases(op, quick=not full):
-                where[:] = [op.name, case.id]
+                recorder.op, recorder.case = op.name, case.id
                 args, kwargs = case.make(generator(0), torch.device("cpu"))
                 try:
                     impl(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - a wrapper that needs a real result: listed, not fatal
-                    records.append(Compiled(op.name, case.id, "-", 0, 0, 0, "-", "-", f"{type(exc).__name__}: {exc}"[:160]))
-    return records
+                    recorder.records.append(Compiled(op.name, case.id, "-", 0, 0, 0, "-", "-",
+                                                     error=f"{type(exc).__name__}: {exc}"[:160]))
+    return recorder.records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     table = Table(title=f"Triton kernels compiled for sm_{args.arch} ({'full' if args.full else 'quick'} cases)")
-    for col in ("op", "case", "kernel", "registers", "spilled bytes", "shared bytes", "loads", "dots", "error"):
+    for col in ("op", "case", "kernel", "registers", "spilled bytes", "shared bytes", "loads", "dots",
+                "loop: instructions", "quarter-rate", "local", "unpipelined loads", "error"):
         table.add_column(col, overflow="fold")
     for r in records:
+        loop = [str(v) for v in (r.loop.instructions, r.loop.quarter_rate, r.loop.local, r.loop.unpipelined_loads)] \
+            if r.loop else ["-"] * 4
         table.add_row(r.op, r.case, r.kernel, str(r.registers), str(r.spill_bytes), str(r.shared_bytes), r.pipelined, r.mma,
-                      r.error)
-    Console(width=200).print(table)
+                      *loop, r.error)
+    Console(width=240).print(table)
     failed = [r for r in records if r.error]
     print(f"{len(records) - len(failed)} launch(es) compiled, {len(failed)} case(s) with an error")
     return 1 if failed else 0

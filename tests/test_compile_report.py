@@ -1,6 +1,6 @@
 """``python -m kernels.compile_report`` on this CPU machine: the Triton kernels of an op compiled for
-sm_90 with Triton's own ptxas (registers, spills, shared memory, how loads and dots compile), and
-its refusals (an unknown op, the interpreter switched on)."""
+sm_90 with Triton's own ptxas (registers, spills, shared memory, how loads and dots compile, what
+an iteration of the main loop costs), and its refusals (an unknown op, the interpreter switched on)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ pytestmark = pytest.mark.skipif(not (TOOLS / "ptxas").is_file() or not (TOOLS / 
                                 reason="this Triton has no CUDA backend tools (ptxas, cuobjdump)")
 
 
+def cells(row: str) -> list[str]:
+    return [c.strip() for c in row.split("│")[1:-1]]
+
+
 def report(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
@@ -33,12 +37,52 @@ def test_an_ops_kernels_compile_for_sm90_and_say_what_they_became():
     rows = [line for line in out.stdout.splitlines() if "_rmsnorm_kernel" in line or "_dense_kernel" in line]
     assert any("_rmsnorm_kernel" in r for r in rows) and any("_dense_kernel" in r for r in rows)
     for row in rows:
-        cells = [c.strip() for c in row.split("│")[1:-1]]
-        registers, spilled = int(cells[3]), int(cells[4])
+        registers, spilled = int(cells(row)[3]), int(cells(row)[4])
         assert 0 < registers <= 255 and spilled == 0, row
     dense_bf16 = next(r for r in rows if "1x200x640-bfloat16-bfloat16-bfloat16" in r)
     assert "cp.async" in dense_bf16 and "mma.sync" in dense_bf16  # pipelined loads, tensor-core dots
     assert re.search(r"(\d+) launch\(es\) compiled, 0 case\(s\) with an error", out.stdout)
+
+
+def test_the_fp8_cache_decode_loop_converts_on_the_fast_path_and_pipelines_its_loads():
+    """attn.mla_decode's main loop per thread: with an FP8 cache about as few quarter-rate
+    instructions as with a bf16 cache (the codes widen to fp16 in one packed instruction; to bf16
+    each pair took a quarter-rate F2F per value) and no tile load left out of the pipeline."""
+    out = report("--ops", "attn.mla_decode")
+    assert out.returncode == 0, out.stderr + out.stdout
+    loops = {cells(r)[1]: cells(r)[8:12] for r in out.stdout.splitlines() if "_decode_kernel" in r}
+    bf16, fp8 = loops["b5-h4-64+16-blk16x3-bfloat16"], loops["b5-h4-64+16-blk16x3-bfloat16-fp8cache"]
+    assert int(bf16[0]) > 0 and int(bf16[1]) > 0  # exp2 runs on the quarter-rate unit
+    assert int(fp8[1]) <= 2 * int(bf16[1]) and fp8[2] == "0" and fp8[3] == "0", (bf16, fp8)
+
+
+def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
+    from kernels.compile_report import loop_cost
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   F2F.BF16.F16 R3, R2 ;
+        /*0020*/                   F2FP.BF16.F32.PACK_AB R4, R3, R3 ;
+        /*0030*/                   MUFU.EX2 R5, R4 ;
+        /*0040*/                   STL [R1], R5 ;
+        /*0050*/                   LDL R6, [R1] ;
+        /*0060*/               @P0 BRA 0x30 ;
+        /*0070*/                   I2F R7, R6 ;
+        /*0080*/               @P1 BRA 0x10 ;
+        /*0090*/                   EXIT ;
+    """
+    ttgir = """
+    %a = tt.load %p : tensor<32x64x!tt.ptr<f8E4M3FN>, #blocked>
+    %r = scf.for %i = %c0 to %n step %c1 iter_args(%x = %a) -> (tensor<32x64xf32>) : i32 {
+      %b = tt.load %q : tensor<32x512x!tt.ptr<f8E4M3FN>, #blocked1>
+      %c = tt.load %s : tensor<32x!tt.ptr<f32>, #blocked2>
+      %d = ttg.async_copy_global_to_local %t, %u : tensor<32x64x!tt.ptr<bf16>, #blocked> -> <32x64xbf16, #shared>
+      scf.yield %x : tensor<32x64xf32>
+    }
+    """
+    cost = loop_cost(sass, ttgir)  # 0x10..0x80: F2F, MUFU and I2F, not the F2FP pack; one 2-D load in the loop
+    assert (cost.instructions, cost.quarter_rate, cost.local, cost.unpipelined_loads) == (8, 3, 2, 1)
+    assert loop_cost("        /*0000*/                   EXIT ;", "") is None
 
 
 @pytest.mark.parametrize("args, interpret, message", [
