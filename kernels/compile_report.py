@@ -77,23 +77,26 @@ def _resource_usage(cubin: bytes, tools: Path) -> tuple[int, int]:
     return int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1
 
 
-_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _QUARTER_RATE = re.compile(r"(F2F|I2F|F2I)(\.|$)|MUFU")
 
 
 def loop_cost(sass: str, ttgir: str) -> LoopCost | None:
-    """The largest loop of a kernel's SASS (the longest backward branch) and what one iteration
-    holds (see :class:`LoopCost`); None for a kernel without a loop."""
-    code = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_LINE.finditer(sass)]
+    """The largest loop of a kernel's SASS (the longest backward branch before its first
+    unconditional ``EXIT``: what follows it are out-of-line blocks, such as the retries of a
+    barrier wait, that branch back into the body) and what one iteration holds (see
+    :class:`LoopCost`); None for a kernel without a loop."""
+    code = [(int(m.group(1), 16), bool(m.group(2)), m.group(3), m.group(4)) for m in _SASS_LINE.finditer(sass)]
+    body_end = next((address for address, predicated, opcode, _ in code if opcode == "EXIT" and not predicated), None)
     spans = []
-    for address, opcode, operands in code:
+    for address, _, opcode, operands in code:
         target = re.search(r"0x([0-9a-f]+)", operands) if opcode == "BRA" else None
-        if target and int(target.group(1), 16) < address:
+        if target and int(target.group(1), 16) < address and (body_end is None or address < body_end):
             spans.append((address - int(target.group(1), 16), int(target.group(1), 16), address))
     if not spans:
         return None
     _, start, end = max(spans)
-    body = [opcode for address, opcode, _ in code if start <= address <= end]
+    body = [opcode for address, _, opcode, _ in code if start <= address <= end]
     return LoopCost(len(body), sum(bool(_QUARTER_RATE.match(op)) for op in body),
                     sum(op.startswith(("LDL", "STL")) for op in body), _unpipelined_loads(ttgir))
 

@@ -69,7 +69,10 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
         /*0060*/               @P0 BRA 0x30 ;
         /*0070*/                   I2F R7, R6 ;
         /*0080*/               @P1 BRA 0x10 ;
-        /*0090*/                   EXIT ;
+        /*0090*/               @P2 EXIT ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ;
+        /*00c0*/                   BRA 0x0 ;
     """
     ttgir = """
     %a = tt.load %p : tensor<32x64x!tt.ptr<f8E4M3FN>, #blocked>
@@ -80,7 +83,9 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
       scf.yield %x : tensor<32x64xf32>
     }
     """
-    cost = loop_cost(sass, ttgir)  # 0x10..0x80: F2F, MUFU and I2F, not the F2FP pack; one 2-D load in the loop
+    # 0x10..0x80 (the branch back from the out-of-line wait after the EXIT is no loop): F2F, MUFU
+    # and I2F, not the F2FP pack; one 2-D load in the loop
+    cost = loop_cost(sass, ttgir)
     assert (cost.instructions, cost.quarter_rate, cost.local, cost.unpipelined_loads) == (8, 3, 2, 1)
     assert loop_cost("        /*0000*/                   EXIT ;", "") is None
 
