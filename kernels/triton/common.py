@@ -15,6 +15,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..backend_env import interpret_mode
+from ..ops.quant import FP8_MAX
 
 # Hopper has 132 SMs (H100/H200 SXM); two waves of programs keep every SM busy.
 MIN_PROGRAMS = 2 * 132
@@ -23,6 +24,7 @@ MIN_PROGRAMS = 2 * 132
 # Whether this process's kernels are compiled for a GPU or run by Triton's interpreter is fixed
 # when their @triton.jit functions are created, at import; read once, not on every launch.
 _COMPILED_FOR_GPU = not interpret_mode()
+_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 def compiled_for_gpu() -> bool:
@@ -101,6 +103,19 @@ def div_rows_rn(x, divisor, COMPILED: tl.constexpr):
         return tl.where(x == 0.0, x, q)
     else:
         return tl.math.div_rn(x, divisor[:, None])
+
+
+@triton.jit
+def fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
+    """uint8 float8_e4m3fn codes of fp32 tile ``x`` [rows, n] divided by its row's positive
+    ``scale`` [rows], for rows whose magnitudes are at most ``448 * scale``: as torch's
+    ``(x / scale).clamp(-448, 448).to(float8_e4m3fn)``. On the GPU the clamp is the conversion's
+    own saturation (``cvt.rn.satfinite``; a quotient can pass 448 only by its last-bit rounding,
+    and rounds to 448 either way), which also leaves NaN a NaN as torch does."""
+    q = div_rows_rn(x, scale, HARDWARE_CAST)
+    if not HARDWARE_CAST:
+        q = tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)
+    return fp8e4m3_bits(q, HARDWARE_CAST)
 
 
 @triton.jit

@@ -24,19 +24,12 @@ import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
 from ..registry import UnsupportedCall
-from .common import (MIN_PROGRAMS, cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype,
+from .common import (MIN_PROGRAMS, cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype,
                      rows_per_program)
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
-
-
-@triton.jit
-def _fp8_codes(x, scale, HARDWARE_CAST: tl.constexpr):
-    """uint8 codes of fp32 tile ``x`` [rows, n] divided by its row's ``scale`` [rows]."""
-    q = div_rows_rn(x, scale, HARDWARE_CAST)
-    return fp8e4m3_bits(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), HARDWARE_CAST)
 
 
 @dataclass(frozen=True)
@@ -121,8 +114,8 @@ def _write_rows(latent, rope, slots, write, cache_ptr, scale_ptr, r, d, RANK: tl
         # One group per row, spread over the two tiles; masked lanes hold 0 and never raise it.
         amax = tl.maximum(tl.maximum(tl.max(tl.abs(latent), axis=1), tl.max(tl.abs(rope), axis=1)), _AMAX_FLOOR)
         scale = tl.math.div_rn(amax, _FP8_MAX)
-        tl.store(dst + r[None, :], _fp8_codes(latent, scale, HARDWARE_CAST), mask=r_mask)
-        tl.store(dst + RANK + d[None, :], _fp8_codes(rope, scale, HARDWARE_CAST), mask=d_mask)
+        tl.store(dst + r[None, :], fp8_codes(latent, scale, HARDWARE_CAST), mask=r_mask)
+        tl.store(dst + RANK + d[None, :], fp8_codes(rope, scale, HARDWARE_CAST), mask=d_mask)
         tl.store(scale_ptr + slots, scale, mask=write)
     else:
         ty = cache_ptr.dtype.element_ty

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX, check_act_quant_args
-from .common import cdiv, compiled_for_gpu, div_rows_rn, fp8e4m3_bits, next_power_of_2, round_to_dtype, rows_per_program
+from .common import cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype, rows_per_program
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -29,9 +29,7 @@ def quantize_groups(x, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr):
         bits = scale.to(tl.int32, bitcast=True)
         exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (exponent << 23).to(tl.float32, bitcast=True)
-    q = div_rows_rn(x, scale, HARDWARE_CAST)
-    q = tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)
-    return fp8e4m3_bits(q, HARDWARE_CAST), scale
+    return fp8_codes(x, scale, HARDWARE_CAST), scale
 
 
 @direct
