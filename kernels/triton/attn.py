@@ -329,7 +329,9 @@ def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, par
             n += BLOCK_N
 
     # An empty split (or a context of 0) has l = 0: output 0 and log-sum-exp -inf.
-    out = acc * (unit / tl.where(l_i > 0, l_i, 1.0))[:, None]
+    if FP8_CACHE:
+        acc = acc * unit
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SPLITS == 1:
         o_ty = o_ptr.dtype.element_ty
         o_ptrs = o_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + r[None, :]
