@@ -3,7 +3,9 @@ thread, spilled bytes, shared memory, whether the loads are pipelined (``cp.asyn
 which MMA the dots use, and what one iteration of the kernel's main loop costs a thread: its
 machine instructions, those that run on the quarter-rate unit (conversions ``F2F``/``I2F``/``F2I``
 and ``MUFU`` functions), its local-memory (spill) accesses, and the tile loads in the loop that
-the compiler did not pipeline (each waits for memory in its own iteration).
+the compiler did not pipeline (each waits for memory in its own iteration); and a digest of the
+machine code, so that two reports (before and after a change) show which launches compile to
+other instructions and which to the very same.
 ``python -m kernels.compile_report [--ops GLOBS] [--full] [--arch 90]``.
 
 Each op's A/B cases (quick shapes, or DeepSeek-V3's with ``--full``) run their Triton wrapper on
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib
 import os
 import re
@@ -48,6 +51,7 @@ class Compiled:
     pipelined: str
     mma: str
     loop: "LoopCost | None" = None
+    code: str = "-"  # a digest of the machine code: equal digests, the same instructions
     error: str = ""
 
 
@@ -153,9 +157,10 @@ def compiling_for(arch: int) -> Iterator[Recorder]:
         kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         registers, spills = _resource_usage(kernel.asm["cubin"], tools)
         pipelined, mma = _describe(kernel.asm["ttgir"])
-        loop = loop_cost(_cuobjdump(kernel.asm["cubin"], tools, "-sass"), kernel.asm["ttgir"])
+        sass = _cuobjdump(kernel.asm["cubin"], tools, "-sass")
         recorder.records.append(Compiled(recorder.op, recorder.case, self.__name__, registers, spills,
-                                         kernel.metadata.shared, pipelined, mma, loop))
+                                         kernel.metadata.shared, pipelined, mma, loop_cost(sass, kernel.asm["ttgir"]),
+                                         hashlib.sha256(sass.encode()).hexdigest()[:10]))
         return None
 
     JITFunction.run = compile_instead
@@ -222,13 +227,13 @@ def main(argv: list[str] | None = None) -> int:
 
     table = Table(title=f"Triton kernels compiled for sm_{args.arch} ({'full' if args.full else 'quick'} cases)")
     for col in ("op", "case", "kernel", "registers", "spilled bytes", "shared bytes", "loads", "dots",
-                "loop: instructions", "quarter-rate", "local", "unpipelined loads", "error"):
+                "loop: instructions", "quarter-rate", "local", "unpipelined loads", "code", "error"):
         table.add_column(col, overflow="fold")
     for r in records:
         loop = [str(v) for v in (r.loop.instructions, r.loop.quarter_rate, r.loop.local, r.loop.unpipelined_loads)] \
             if r.loop else ["-"] * 4
         table.add_row(r.op, r.case, r.kernel, str(r.registers), str(r.spill_bytes), str(r.shared_bytes), r.pipelined, r.mma,
-                      *loop, r.error)
+                      *loop, r.code, r.error)
     Console(width=240).print(table)
     failed = [r for r in records if r.error]
     print(f"{len(records) - len(failed)} launch(es) compiled, {len(failed)} case(s) with an error")

@@ -39,6 +39,10 @@ def test_an_ops_kernels_compile_for_sm90_and_say_what_they_became():
     for row in rows:
         registers, spilled = int(cells(row)[3]), int(cells(row)[4])
         assert 0 < registers <= 255 and spilled == 0, row
+    codes = {cells(r)[1]: cells(r)[12] for r in rows if "_rmsnorm_kernel" in r}
+    assert all(re.fullmatch(r"[0-9a-f]{10}", c) for c in codes.values()) and len(set(codes.values())) > 1
+    again = report("--ops", "norm.rmsnorm")  # the same kernels compile to the same machine code
+    assert codes == {cells(r)[1]: cells(r)[12] for r in again.stdout.splitlines() if "_rmsnorm_kernel" in r}
     dense_bf16 = next(r for r in rows if "1x200x640-bfloat16-bfloat16-bfloat16" in r)
     assert "cp.async" in dense_bf16 and "mma.sync" in dense_bf16  # pipelined loads, tensor-core dots
     assert re.search(r"(\d+) launch\(es\) compiled, 0 case\(s\) with an error", out.stdout)
