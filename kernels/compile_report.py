@@ -94,7 +94,7 @@ def loop_cost(sass: str, ttgir: str) -> LoopCost | None:
     body_end = next((address for address, predicated, opcode, _ in code if opcode == "EXIT" and not predicated), None)
     spans = []
     for address, _, opcode, operands in code:
-        target = re.search(r"0x([0-9a-f]+)", operands) if opcode == "BRA" else None
+        target = re.search(r"0x([0-9a-f]+)", operands) if opcode.split(".")[0] == "BRA" else None
         if target and int(target.group(1), 16) < address and (body_end is None or address < body_end):
             spans.append((address - int(target.group(1), 16), int(target.group(1), 16), address))
     if not spans:
@@ -108,13 +108,16 @@ def loop_cost(sass: str, ttgir: str) -> LoopCost | None:
 def _unpipelined_loads(ttgir: str) -> int:
     """``tt.load`` of 2-D tiles inside ``scf.for`` bodies of the TTGIR: loads the software
     pipeliner left synchronous (it turns the loads it pipelines into async copies)."""
-    depth, count = 0, 0
+    loops, count = [], 0  # per open region: whether it is a loop's body
     for line in ttgir.splitlines():
-        if "scf.for" in line and line.rstrip().endswith("{"):
-            depth += 1
-        elif depth and line.strip().startswith("}"):
-            depth -= 1
-        elif depth and "= tt.load" in line and re.search(r"tensor<\d+x\d+x!tt\.ptr", line):
+        text = line.strip()
+        if text.startswith("}"):
+            region = loops.pop() if loops else False
+            if text.endswith("{"):  # "} else {": the same kind of region goes on
+                loops.append(region)
+        elif text.endswith("{"):
+            loops.append("scf.for" in text)
+        elif any(loops) and "= tt.load" in text and re.search(r"tensor<\d+x\d+x!tt\.ptr", text):
             count += 1
     return count
 

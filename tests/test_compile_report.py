@@ -102,6 +102,11 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
     ttgir = """
     %a = tt.load %p : tensor<32x64x!tt.ptr<f8E4M3FN>, #blocked>
     %r = scf.for %i = %c0 to %n step %c1 iter_args(%x = %a) -> (tensor<32x64xf32>) : i32 {
+      %e = scf.if %ok -> (tensor<32x64xf32>) {
+        scf.yield %x : tensor<32x64xf32>
+      } else {
+        scf.yield %x : tensor<32x64xf32>
+      }
       %b = tt.load %q : tensor<32x512x!tt.ptr<f8E4M3FN>, #blocked1>
       %c = tt.load %s : tensor<32x!tt.ptr<f32>, #blocked2>
       %d = ttg.async_copy_global_to_local %t, %u : tensor<32x64x!tt.ptr<bf16>, #blocked> -> <32x64xbf16, #shared>
@@ -109,7 +114,8 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
     }
     """
     # 0x10..0x80 (the branch back from the out-of-line wait after the EXIT is no loop): F2F, MUFU
-    # and I2F, not the F2FP pack; one 2-D load in the loop
+    # and I2F, not the F2FP pack; one 2-D load in the loop (after an if/else inside it), none
+    # before it
     cost = loop_cost(sass, ttgir)
     assert (cost.instructions, cost.quarter_rate, cost.local, cost.unpipelined_loads) == (8, 3, 2, 1)
     assert loop_cost("        /*0000*/                   EXIT ;", "") is None
