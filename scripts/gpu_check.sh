@@ -4,7 +4,7 @@
 # Writes logs and JSON into OUT_DIR and prints a short table last. STEPS (comma-separated,
 # default all, in this order) picks the steps:
 #   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
-#              EP over NCCL, graph replay)
+#              EP over NCCL, graph replay; TESTS_LIMIT seconds, default 300)
 #   probe      python -m kernels.triton_probe (7 Triton feature checks, PTX target)
 #   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
 #              AB_LIMIT seconds, default 240)
@@ -17,8 +17,10 @@
 #   native     python -m engine.native.build, then the _C tests (in the background from the start)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
-#   sweep      python -m benchmarks.mla_sweep and benchmarks.kv_sweep (the decode and kv.store kernels'
-#              launch configurations side by side) and python -m benchmarks.gemm --tune (the configurations the GEMM tuner picks, TMA tiles included)
+#   sweep      the kernels' launch configurations side by side, for the families in SWEEPS (default
+#              dense,kv,mla,gemm; SWEEP_LIMIT seconds each, default 200-300): benchmarks.dense --tune
+#              (the one-row kernel among the tuner's picks), benchmarks.kv_sweep and benchmarks.mla_sweep
+#              (kv.store and decode), benchmarks.gemm --tune (the FP8 GEMM's picks, TMA tiles included)
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
 #              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
@@ -94,7 +96,7 @@ $PY -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 150)
 elsewhere=(--ignore=tests/test_determinism.py)
 want vendor-tests && elsewhere+=(--ignore=tests/test_vendor_gpu.py)
 want tilelang-tests && elsewhere+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
-want tests && ENGINE_OPS_TUNE=0 step gpu-tests 300 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
+want tests && ENGINE_OPS_TUNE=0 step gpu-tests "${TESTS_LIMIT:-300}" $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${elsewhere[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
 want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
@@ -115,9 +117,11 @@ if want bench; then
     step "bench-$family" "${BENCH_LIMIT:-300}" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
   done
 fi
-want sweep && step mla-sweep 300 $PY -m benchmarks.mla_sweep
-want sweep && step kv-sweep 200 $PY -m benchmarks.kv_sweep
-want sweep && step gemm-tuned 300 $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"
+SWEEPS=,${SWEEPS:-dense,kv,mla,gemm},
+want sweep && [[ $SWEEPS == *,dense,* ]] && step dense-tuned "${SWEEP_LIMIT:-200}" $PY -m benchmarks.dense --tune --out "$OUT/performance.md"
+want sweep && [[ $SWEEPS == *,kv,* ]] && step kv-sweep "${SWEEP_LIMIT:-200}" $PY -m benchmarks.kv_sweep
+want sweep && [[ $SWEEPS == *,mla,* ]] && step mla-sweep "${SWEEP_LIMIT:-300}" $PY -m benchmarks.mla_sweep
+want sweep && [[ $SWEEPS == *,gemm,* ]] && step gemm-tuned "${SWEEP_LIMIT:-300}" $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"
 VLIMIT=${VENDOR_LIMIT:-420}
 want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py
 for backend in deep_gemm flash_mla; do

@@ -55,6 +55,33 @@ def test_the_addend_is_summed_after_the_products_rounding_in_every_candidate_con
     assert_close(dense_kernels.dense(x, w, add=add), expected)
 
 
+@pytest.mark.parametrize("heads, n, k, w_dtype", [
+    (0, 200, 640, torch.bfloat16),  # a column tail, K not a multiple of the steps or splits
+    (3, 40, 96, torch.bfloat16),  # one weight per head, K shallower than a step
+    (0, 64, 2048, torch.float32),  # the router: bf16 row, fp32 weight, fp32 products
+])
+def test_every_one_row_configuration_matches_the_reference(heads, n, k, w_dtype):
+    gen = generator(13)
+    x = randn(gen, 1, heads, k) if heads else randn(gen, 1, k)
+    w = randn(gen, *((heads,) if heads else ()), n, k, dtype=w_dtype, scale=k ** -0.5)
+    out_dtype = torch.float32 if w_dtype == torch.float32 else torch.bfloat16
+    ref = dense_reference(x, w, out_dtype)
+    configs = [c for c in dense_kernels.candidates(1, max(heads, 1), n, k, 132) if c.one_row]
+    assert configs and (k < 512 or any(c.split_k > 1 for c in configs))
+    for config in configs:
+        out = dense_kernels.launch(x, w, out_dtype, config)
+        assert out.shape == ref.shape and out.dtype == out_dtype
+        assert_close(out, ref)
+        assert int(dense_kernels._tile_counters(x.device).abs().sum()) == 0, config
+
+
+def test_the_one_row_kernel_refuses_more_rows():
+    gen = generator(14)
+    config = next(c for c in dense_kernels.candidates(1, 1, 64, 256, 132) if c.one_row)
+    with pytest.raises(ValueError, match="one-row kernel, got 2 rows"):
+        dense_kernels.launch(randn(gen, 2, 256), randn(gen, 64, 256), torch.bfloat16, config)
+
+
 def test_split_k_results_do_not_depend_on_the_program_order():
     gen = generator(4)
     x, w = randn(gen, 2, 1024, dtype=torch.float32), randn(gen, 96, 1024, dtype=torch.float32)
@@ -157,6 +184,25 @@ def test_split_k_launches_on_two_streams_at_once_keep_their_bits():
         a = dense_kernels.launch(xa, wa, torch.bfloat16, config)
         torch.cuda.current_stream().wait_stream(side)
         assert torch.equal(a, alone_a) and torch.equal(b, alone_b)
+
+
+@pytest.mark.gpu
+def test_one_row_configurations_match_the_reference_at_decode_shapes_on_the_gpu():
+    """Every one-row candidate at the benchmark model's batch-1 projections (the compiled kernel,
+    vector loads and lane sums as the GPU runs them)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from benchmarks.dense import SHAPES
+
+    gen = generator(15)
+    for label, n, k, heads, w_dtype in SHAPES:
+        x = randn(gen, 1, heads, k) if heads else randn(gen, 1, k)
+        w = randn(gen, *((heads,) if heads else ()), n, k, dtype=w_dtype, scale=k ** -0.5)
+        out_dtype = torch.float32 if w_dtype == torch.float32 else torch.bfloat16
+        ref = dense_reference(x, w, out_dtype)
+        for config in [c for c in dense_kernels.candidates(1, max(heads, 1), n, k, dense_kernels.num_sms(x.device))
+                       if c.one_row]:
+            assert_close(dense_kernels.launch(x, w, out_dtype, config), ref)
 
 
 @pytest.mark.gpu

@@ -9,6 +9,12 @@ rounds once to the output dtype, stores, and sets the counter back to zero. One 
 result does not depend on which program finishes last. The counters (one int32 per tile, zero
 between launches) are kept per device and stream, so launches on two streams may overlap.
 
+A single row (batch-1 decode) may instead run the one-row kernel, which keeps the products off
+the tensor cores: each program holds BLOCK_N weight rows and walks its K range in BLOCK_K steps
+with contiguous vector loads, every lane summing its own products in fp32; the lanes are summed
+once at the end (a fixed tree), then the K splits as above. No 16-row tile of which 15 rows are
+padding, no shared memory.
+
 A residual-style addend (the routed experts' output, for the shared experts' down-projection) is
 summed into the rounded result at the store: one elementwise kernel fewer per layer.
 
@@ -52,10 +58,12 @@ class DenseConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    one_row: bool = False  # the one-row kernel (M = 1 only), not the tile of 16 or more rows
 
     def label(self) -> str:
-        """Short form for tables: ``n32 k128 split4 w4 s4``."""
-        return f"n{self.block_n} k{self.block_k} split{self.split_k} w{self.num_warps} s{self.num_stages}"
+        """Short form for tables: ``n32 k128 split4 w4 s4`` (``row n16 k512 ...`` for the one-row kernel)."""
+        kind = "row " if self.one_row else ""
+        return f"{kind}n{self.block_n} k{self.block_k} split{self.split_k} w{self.num_warps} s{self.num_stages}"
 
 
 @triton.jit
@@ -69,6 +77,29 @@ def _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh, add_
         addend = tl.load(add_ptr + rows[:, None].to(tl.int64) * stride_am + cols[None, :], mask=mask, other=0.0)
         out = round_to_dtype(out + addend.to(tl.float32), out_ptr.dtype.element_ty)
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _finish_tile(acc, rows, cols, head, pid_k, out_ptr, ws_ptr, counts_ptr, add_ptr, M, N, stride_om, stride_oh,
+                 stride_am, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr):
+    """Store a program's fp32 tile ``acc`` [BLOCK_M, BLOCK_N]: directly without K splits; else as
+    split ``pid_k`` of its tile (workspace, arrival count, the last program sums the partials in
+    split order and stores)."""
+    if SPLIT_K == 1:
+        _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
+    else:
+        tile = head * tl.num_programs(0) + tl.program_id(0)
+        ws = (ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+              + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+        tl.store(ws + pid_k * (BLOCK_M * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's part of the partial is written before the count
+        arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:  # the last of the tile's splits: sum them all, in split order
+            total = tl.load(ws, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+            _store_rows(out_ptr, total, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
+            tl.store(counts_ptr + tile, 0)
 
 
 @direct
@@ -100,25 +131,54 @@ def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, add_ptr, M, N, stri
             acc = dot_f32(x, w, acc, COMPILED)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if SPLIT_K == 1:
-        _store_rows(out_ptr, acc, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
-    else:
-        tile = head * tl.num_programs(0) + pid_n
-        ws = (ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-              + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
-        tl.store(ws + pid_k * (BLOCK_M * BLOCK_N), acc)
-        tl.debug_barrier()  # every thread's part of the partial is written before the count
-        arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:  # the last of the tile's splits: sum them all, in split order
-            total = tl.load(ws, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(ws + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-            _store_rows(out_ptr, total, rows, cols, head, M, N, stride_om, stride_oh, add_ptr, stride_am, HAS_ADD)
-            tl.store(counts_ptr + tile, 0)
+    _finish_tile(acc, rows, cols, head, pid_k, out_ptr, ws_ptr, counts_ptr, add_ptr, M, N, stride_om, stride_oh,
+                 stride_am, BLOCK_M, BLOCK_N, SPLIT_K, HAS_ADD)
+
+
+@triton.jit
+def _row_step(x_ptrs, w_ptrs, offs_k, K, EVEN_K: tl.constexpr):
+    """One K step of the one-row kernel: the row's slice [BLOCK_K] and the weight tile
+    [BLOCK_N, BLOCK_K] (zeros past K)."""
+    if EVEN_K:
+        return tl.load(x_ptrs), tl.load(w_ptrs)
+    in_k = offs_k < K
+    return tl.load(x_ptrs, mask=in_k, other=0.0), tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
+
+
+@direct
+@triton.jit
+def _row_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, add_ptr, N, stride_xh, stride_wh, stride_wn, stride_oh,
+                K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr):
+    """``out[0, h, n] = sum_k x[0, h, k] * w[h, n, k]`` for one row: fp32 products summed per lane
+    over the K range, then across the lanes of each weight row (module doc)."""
+    pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + head.to(tl.int64) * stride_xh + offs_k
+    w_ptrs = w_ptr + head.to(tl.int64) * stride_wh + (cols % N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # Each step's loads are issued before the previous step's products (the software pipeliner
+    # stages only a dot's operands), so a program always has one step of the weight in flight.
+    x, w = _row_step(x_ptrs, w_ptrs, offs_k, K, EVEN_K)
+    for i in range(1, K_SPLIT // BLOCK_K):
+        x_next, w_next = _row_step(x_ptrs + i * BLOCK_K, w_ptrs + i * BLOCK_K, offs_k + i * BLOCK_K, K, EVEN_K)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x, w = x_next, w_next
+    acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    total = tl.sum(acc, axis=1)[None, :]
+    _finish_tile(total, tl.arange(0, 1), cols, head, pid_k, out_ptr, ws_ptr, counts_ptr, add_ptr, 1, N, 0, stride_oh,
+                 0, 1, BLOCK_N, SPLIT_K, HAS_ADD)
 
 
 def row_bucket(m: int) -> int:
-    """The tile height (and tuning bucket) of M rows: the next power of two, at least 16."""
+    """The tuning bucket of M rows: 1 for a single row (the one-row kernel is a candidate), else the
+    16-or-more-row tile's height: the next power of two, at least 16."""
+    return 1 if m == 1 else tile_height(m)
+
+
+def tile_height(m: int) -> int:
+    """The row tile of the tensor-core kernel for M rows: the next power of two, at least 16."""
     return max(16, next_power_of_2(m))
 
 
@@ -140,7 +200,7 @@ def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseC
     (the tuner's usual pick at the benchmark model's decode projections on an H200, 2026-12-02:
     its picks ran 1.0-1.37x as fast as the 32-column tiles with the weights read from memory);
     else 32-column tiles over 128-deep blocks, split until every SM has a program. Then other
-    widths, depths and split counts."""
+    widths, depths and split counts; for a single row (bucket 1) last the one-row kernel's."""
     configs = []
     if bucket <= 16 and heads == 1 and n >= 256 and k >= 512:
         tiles = cdiv(n, 64) * heads
@@ -152,7 +212,24 @@ def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseC
             for s in (split, split * 2, split // 2):
                 if 1 <= s <= _MAX_SPLIT and (s == 1 or tiles <= _COUNTERS) and cdiv(k, block_k) >= s:
                     configs.append(DenseConfig(block_n, block_k, s))
+    if bucket == 1:
+        configs += _one_row_candidates(heads, n, k, sms)
     return list(dict.fromkeys(configs))
+
+
+def _one_row_candidates(heads: int, n: int, k: int, sms: int) -> list[DenseConfig]:
+    """The one-row kernel's configurations: 4096 or 8192 weight elements per step of a program
+    (32 or 64 per thread), K steps no deeper than K needs, split until every SM has a program
+    (and twice that)."""
+    configs = []
+    for block_n, block_k in ((16, 256), (8, 512), (16, 512), (32, 256), (4, 1024)):
+        block_k = min(block_k, max(16, next_power_of_2(k)))
+        tiles = cdiv(n, block_n) * heads
+        split = _split_for(tiles, k, block_k, sms)
+        for s in (split, split * 2):
+            if s <= _MAX_SPLIT and (s == 1 or tiles <= _COUNTERS) and cdiv(k, block_k) >= s:
+                configs.append(DenseConfig(block_n, block_k, s, num_stages=3, one_row=True))
+    return configs
 
 
 _LANES = 64  # streams with counters of their own, per device (beyond that, lanes are shared in turn)
@@ -179,8 +256,8 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
 
 def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config: DenseConfig,
            add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the kernel with one explicit configuration (inputs validated, at most MAX_ROWS rows,
-    K contiguous; ``add`` [M, N] and ``out``, when given, with their last dimension contiguous)."""
+    """Run the kernel with one explicit configuration (inputs validated, at most MAX_ROWS rows, one
+    for the one-row kernel, K contiguous; ``add`` [M, N] and ``out``, when given, with their last dimension contiguous)."""
     per_head = weight.dim() == 3
     m, k = x.shape[0], x.shape[-1]
     heads, n = (weight.shape[0], weight.shape[1]) if per_head else (1, weight.shape[0])
@@ -190,17 +267,27 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, config
         return out
     if k == 0:
         return out.zero_() if add is None else out.copy_(add)
-    bm, split = row_bucket(m), config.split_k
+    if config.one_row and m != 1:
+        raise ValueError(f"gemm.dense: {config.label()} is the one-row kernel, got {m} rows")
+    bm, split = 1 if config.one_row else tile_height(m), config.split_k
     tiles = cdiv(n, config.block_n) * heads
     if split > 1 and tiles > _COUNTERS:
         raise ValueError(f"gemm.dense: {config.label()} splits K over {tiles} tiles (at most {_COUNTERS})")
     k_split = cdiv(cdiv(k, config.block_k), split) * config.block_k
     ws = torch.empty(tiles * split * bm * config.block_n, dtype=torch.float32, device=x.device) if split > 1 else out
     counts = _tile_counters(x.device) if split > 1 else out
+    addend = add if add is not None else out
+    grid = (cdiv(n, config.block_n), heads, split)
+    if config.one_row:
+        _row_kernel[grid](
+            x, weight, out, ws, counts, addend, n, x.stride(1) if per_head else 0, weight.stride(0) if per_head else 0,
+            weight.stride(-2), out.stride(1) if per_head else 0, K=k, K_SPLIT=k_split, EVEN_K=k_split * split == k,
+            BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, HAS_ADD=add is not None,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+        return out
     strides = ((x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1)) if per_head
                else (x.stride(0), 0, 0, weight.stride(0), out.stride(0), 0))
-    addend = add if add is not None else out
-    _dense_kernel[(cdiv(n, config.block_n), heads, split)](
+    _dense_kernel[grid](
         x, weight, out, ws, counts, addend, m, n, *strides, addend.stride(0), K=k, K_SPLIT=k_split,
         EVEN_K=k_split * split == k, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
         HAS_ADD=add is not None, IEEE=x.dtype != weight.dtype or x.dtype == torch.float32,
