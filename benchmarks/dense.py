@@ -1,9 +1,10 @@
 """``gemm.dense`` (Triton, few rows) against cuBLAS through torch on the same operands, at the decode
-projections of the engine benchmark's ~4.6B model. ``python -m benchmarks.dense [--tune] [--out FILE] [--no-write]``.
+projections of the engine benchmark's ~4.6B model.
+``python -m benchmarks.dense [--tune] [--rows 1,32] [--out FILE] [--no-write]``.
 
 Shapes: every bf16 projection of a layer (fused q/kv down-projection, q up-projection, output
 projection, shared and dense experts' gate/up and down), the lm_head, the absorbed attention's
-two per-head projections (16 heads) and the fp32 router, at 1 and 32 rows; then the shared
+two per-head projections (16 heads) and the fp32 router, at 1 and 32 rows (``--rows``); then the shared
 experts' down-projection with the routed experts' output added in its launch, against cuBLAS
 followed by torch's add. In a decode step each
 weight is read from memory once, so a timed call cycles through enough copies of the weight to
@@ -18,9 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from common.int_lists import comma_separated_ints
 
 from . import harness
 from .harness import Row
@@ -67,7 +71,7 @@ def measure(args) -> list[Row]:
 
     copy = harness.copy_bandwidth()
     rows = harness.LiveRows()
-    for m in ROWS:
+    for m in args.rows:
         for label, n, k, heads, w_dtype in SHAPES:
             out_dtype = torch.float32 if w_dtype == torch.float32 else torch.bfloat16
             x, weights = operands(m, n, k, heads, w_dtype)
@@ -114,9 +118,14 @@ def tuner_rows(top: int = 3) -> list[Row]:
     return harness.tuner_rows(TIMED, shape, lambda ms: f"{ms * 1e3:.1f} us", top)
 
 
+def _options(p) -> None:
+    p.add_argument("--rows", type=partial(comma_separated_ints, what="row counts from 1 to 64", minimum=1, maximum=64),
+                   default=ROWS, metavar="M[,M...]", help="comma-separated row counts (default 1,32)")
+
+
 def main(argv: list[str] | None = None) -> int:
     return harness.run_tunable(__doc__.split("\n\n")[0], "gemm.dense (Triton) vs cuBLAS at decode shapes", measure, tuner_rows,
-                               "gemm.dense", argv)
+                               "gemm.dense", argv, _options)
 
 
 if __name__ == "__main__":

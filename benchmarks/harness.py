@@ -216,10 +216,14 @@ def tuner_rows(timed: dict, shape: Callable[[tuple], str], time: Callable[[float
 
 
 def run_tunable(description: str, title: str, measure: Callable[[argparse.Namespace], list[Row]],
-                tuner_rows: Callable[[], list[Row]], op: str, argv: list[str] | None) -> int:
+                tuner_rows: Callable[[], list[Row]], op: str, argv: list[str] | None,
+                options: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """:func:`run` for a kernel benchmark with ``--tune`` (``args.tune`` for ``measure``): with it,
-    the tuner's fastest candidates per shape are printed after the rows (not written)."""
+    the tuner's fastest candidates per shape are printed after the rows (not written). ``options``
+    adds the benchmark's own arguments to the parser."""
     p = parser(description)
+    if options:
+        options(p)
     p.add_argument("--tune", action="store_true",
                    help="time the tuned configuration instead of each shape's default, then list the tuner's fastest")
     args = p.parse_args(argv)

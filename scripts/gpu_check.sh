@@ -19,7 +19,7 @@
 #              for the families in BENCH
 #   sweep      the kernels' launch configurations side by side, for the families in SWEEPS (default
 #              dense,kv,mla,gemm; SWEEP_LIMIT seconds each, default 200-300): benchmarks.dense --tune
-#              (the one-row kernel among the tuner's picks), benchmarks.kv_sweep and benchmarks.mla_sweep
+#              (the one-row kernel among the tuner's picks; DENSE_ROWS, default 1,32), benchmarks.kv_sweep and benchmarks.mla_sweep
 #              (kv.store and decode), benchmarks.gemm --tune (the FP8 GEMM's picks, TMA tiles included)
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
 #              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
@@ -118,7 +118,8 @@ if want bench; then
   done
 fi
 SWEEPS=,${SWEEPS:-dense,kv,mla,gemm},
-want sweep && [[ $SWEEPS == *,dense,* ]] && step dense-tuned "${SWEEP_LIMIT:-200}" $PY -m benchmarks.dense --tune --out "$OUT/performance.md"
+want sweep && [[ $SWEEPS == *,dense,* ]] && step dense-tuned "${SWEEP_LIMIT:-200}" $PY -m benchmarks.dense --tune \
+  ${DENSE_ROWS:+--rows "$DENSE_ROWS"} --out "$OUT/performance.md"
 want sweep && [[ $SWEEPS == *,kv,* ]] && step kv-sweep "${SWEEP_LIMIT:-200}" $PY -m benchmarks.kv_sweep
 want sweep && [[ $SWEEPS == *,mla,* ]] && step mla-sweep "${SWEEP_LIMIT:-300}" $PY -m benchmarks.mla_sweep
 want sweep && [[ $SWEEPS == *,gemm,* ]] && step gemm-tuned "${SWEEP_LIMIT:-300}" $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"

@@ -359,6 +359,15 @@ def test_the_decode_profile_refuses_bad_arguments(args, message, capsys):
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("rows", ["0", "1,65", "x"])
+def test_the_dense_benchmark_refuses_row_counts_outside_its_kernel(rows, capsys):
+    from benchmarks import dense as dense_bench
+
+    with pytest.raises(SystemExit) as info:
+        dense_bench.main(["--rows", rows, "--no-write"])
+    assert info.value.code == 2 and f"expected comma-separated row counts from 1 to 64, got '{rows}'" in capsys.readouterr().err
+
+
 def test_dense_tuner_rows_name_heads_and_weight_dtype_in_microseconds(monkeypatch):
     from benchmarks import dense as dense_bench
     from kernels.triton import dense
