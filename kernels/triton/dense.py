@@ -195,9 +195,10 @@ def _split_for(tiles: int, k: int, block_k: int, programs: int, min_blocks: int 
 @functools.lru_cache(maxsize=4096)
 def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseConfig]:
     """The configurations worth timing for a row bucket and shape, the untimed default first. One
-    row: the one-row kernel over 4 weight rows and K steps up to 1024 deep, split until half the SMs
-    have a program (the tuner's first pick at 8 of the benchmark model's 12 batch-1 projections on
-    an H200, 2026-12-03, and within 0.1 us of it at 3 more; 1.2-2.7x the 16-row tiles). Up to 16 rows of one weight (not per head) at least 256 wide and 512 deep: 64-column tiles over
+    row: the one-row kernel over 4 weight rows and K steps up to 1024 deep, split until half the
+    SMs have a program (on an H200, 2026-12-03: the tuner's first pick at 9 of the benchmark
+    model's 12 batch-1 projections, its second at 2 more; 1.2-2.7x the 16-row tiles). Up to 16
+    rows of one weight (not per head) at least 256 wide and 512 deep: 64-column tiles over
     256-deep K blocks, split until half the SMs have a program, each split keeping two K blocks
     (the tuner's usual pick at the benchmark model's decode projections on an H200, 2026-12-02:
     its picks ran 1.0-1.37x as fast as the 32-column tiles with the weights read from memory);
