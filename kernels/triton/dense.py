@@ -13,7 +13,8 @@ A single row (batch-1 decode) may instead run the one-row kernel, which keeps th
 the tensor cores: each program holds BLOCK_N weight rows and walks its K range in BLOCK_K steps
 with contiguous vector loads, every lane summing its own products in fp32; the lanes are summed
 once at the end (a fixed tree), then the K splits as above. No 16-row tile of which 15 rows are
-padding, no shared memory.
+padding, and the weight goes from memory to registers without staging in shared memory (only the
+row's slice is passed between the lanes there).
 
 A residual-style addend (the routed experts' output, for the shared experts' down-projection) is
 summed into the rounded result at the store: one elementwise kernel fewer per layer.
@@ -31,7 +32,7 @@ differ in the last bits.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -206,9 +207,7 @@ def candidates(bucket: int, heads: int, n: int, k: int, sms: int) -> list[DenseC
     widths, depths and split counts; for a single row (bucket 1) last the one-row kernel's."""
     configs = []
     if bucket == 1:
-        block_k = min(1024, max(16, next_power_of_2(k)))
-        tiles = cdiv(n, 4) * heads
-        configs.append(DenseConfig(4, block_k, _split_for(tiles, k, block_k, sms // 2), num_stages=3, one_row=True))
+        configs.append(_one_row(4, 1024, heads, n, k, sms // 2))
     if bucket <= 16 and heads == 1 and n >= 256 and k >= 512:
         tiles = cdiv(n, 64) * heads
         configs.append(DenseConfig(64, 256, _split_for(tiles, k, 256, sms // 2, min_blocks=2)))
@@ -230,13 +229,20 @@ def _one_row_candidates(heads: int, n: int, k: int, sms: int) -> list[DenseConfi
     (and twice that)."""
     configs = []
     for block_n, block_k in ((16, 256), (8, 512), (16, 512), (32, 256), (4, 1024)):
-        block_k = min(block_k, max(16, next_power_of_2(k)))
+        fewest = _one_row(block_n, block_k, heads, n, k, sms)
+        twice = replace(fewest, split_k=fewest.split_k * 2)
         tiles = cdiv(n, block_n) * heads
-        split = _split_for(tiles, k, block_k, sms)
-        for s in (split, split * 2):
-            if s <= _MAX_SPLIT and (s == 1 or tiles <= _COUNTERS) and cdiv(k, block_k) >= s:
-                configs.append(DenseConfig(block_n, block_k, s, num_stages=3, one_row=True))
+        configs += [fewest] + ([twice] if twice.split_k <= _MAX_SPLIT and tiles <= _COUNTERS
+                               and cdiv(k, twice.block_k) >= twice.split_k else [])
     return configs
+
+
+def _one_row(block_n: int, block_k: int, heads: int, n: int, k: int, programs: int) -> DenseConfig:
+    """The one-row kernel over ``block_n`` weight rows and K steps of ``block_k`` (no deeper than K
+    needs), K split until the launch has ``programs`` programs."""
+    block_k = min(block_k, max(16, next_power_of_2(k)))
+    split = _split_for(cdiv(n, block_n) * heads, k, block_k, programs)
+    return DenseConfig(block_n, block_k, split, num_stages=3, one_row=True)
 
 
 _LANES = 64  # streams with counters of their own, per device (beyond that, lanes are shared in turn)
