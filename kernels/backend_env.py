@@ -88,6 +88,37 @@ def direct_launch_reason() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def dependent_launch_reason() -> str | None:
+    """None when the Triton kernels launch as programmatic dependents of the kernel before them in
+    their stream (PDL: a kernel's launch overlaps its predecessor's last work, and the kernel waits
+    for its predecessor's writes before reading anything; :func:`kernels.triton.common.await_inputs`),
+    else why they launch plainly. On wherever it can be: a CUDA (not ROCm) device of compute
+    capability 9.0 or later and a Triton with grid dependency control; ``ENGINE_OPS_PDL=0`` turns it
+    off. CUDA graphs keep the dependency (a programmatic edge)."""
+    if os.environ.get("ENGINE_OPS_PDL", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "off (ENGINE_OPS_PDL=0)"
+    if _triton_import_error():
+        return _triton_import_error()
+    if interpret_mode():
+        return "Triton's interpreter runs the kernels (TRITON_INTERPRET)"
+    import torch
+
+    if torch.version.hip:
+        return "a ROCm build of torch (programmatic dependent launch is CUDA's)"
+    device = cuda_device()
+    if device is None:
+        return "no CUDA device"
+    if device[1][0] < 9:
+        return f"{device[0]} has compute capability {device[1][0]}.{device[1][1]} (programmatic dependent launch needs 9.0)"
+    import triton
+    from triton.language.extra import cuda
+
+    if not hasattr(cuda, "gdc_wait"):
+        return f"Triton {getattr(triton, '__version__', 'unknown')} has no grid dependency control"
+    return None
+
+
 def tuning_enabled() -> bool:
     """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
     default one, untimed, so outputs do not depend on timing (reproducible run to run)."""
@@ -263,6 +294,7 @@ def _distribution_of(import_name: str) -> str | None:
 
 def reset() -> None:
     direct_launch_reason.cache_clear()
+    dependent_launch_reason.cache_clear()
     _triton_import_error.cache_clear()
     _cuda_available.cache_clear()
     cuda_device.cache_clear()

@@ -10,8 +10,9 @@ other instructions and which to the very same.
 
 Each op's A/B cases (quick shapes, or DeepSeek-V3's with ``--full``) run their Triton wrapper on
 CPU tensors with every kernel launch replaced by a compilation for ``sm_<arch>``: the wrapper
-sizes the launch as on an H200 (132 SMs, untuned defaults; where it asks the device itself, as
-whether TMA descriptors can be made, it gets the CPU's answer), Triton specializes the arguments
+sizes the launch as on an H200 (132 SMs, untuned defaults, a programmatic dependent launch where
+the target has it; where it asks the device itself, as whether TMA descriptors can be made, it
+gets the CPU's answer), Triton specializes the arguments
 as a real launch would (dtypes, 16-byte aligned pointers, integers equal to 1 or divisible by
 16), and its own ``ptxas`` and ``cuobjdump`` compile and describe the binary. Nothing runs, so a
 wrapper that read a kernel's output on the host would see garbage; a case that fails is listed
@@ -155,6 +156,8 @@ def compiling_for(arch: int) -> Iterator[Recorder]:
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
         kwargs.setdefault("debug", False)
+        if "PDL" in self.arg_names:  # as launched on the target: a programmatic dependent from 9.0 on
+            kwargs["PDL"] = kwargs["launch_pdl"] = arch >= 90
         bound, specialization, options = create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
         kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)

@@ -303,6 +303,8 @@ def report() -> dict[str, Any]:
         "calls": {name: dict(sorted(op.calls.items())) for name, op in ops().items()},
         "tune": backend_env.tuning_enabled(),
         "direct_launch": {"enabled": backend_env.direct_launch_reason() is None, "reason": backend_env.direct_launch_reason()},
+        "dependent_launch": {"enabled": backend_env.dependent_launch_reason() is None,
+                             "reason": backend_env.dependent_launch_reason()},
         "perturbed": perturb.active(),
     }
 

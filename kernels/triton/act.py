@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import BLOCK, FP8
-from .common import cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, rows_per_program, silu_f32
+from .common import await_inputs, cdiv, compiled_for_gpu, next_power_of_2, round_to_dtype, rows_per_program, silu_f32
 from .launch import direct
 from .quant import quantize_groups
 
@@ -28,7 +28,8 @@ def _swiglu_f32(gate_ptrs, inter, mask, DTYPE: tl.constexpr, USE_LIBDEVICE: tl.c
 @direct
 @triton.jit
 def _swiglu_kernel(x_ptr, y_ptr, n_rows, inter, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
-                   USE_LIBDEVICE: tl.constexpr):
+                   USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows < n_rows)[:, None] & (cols < inter)[None, :]
@@ -41,7 +42,8 @@ def _swiglu_kernel(x_ptr, y_ptr, n_rows, inter, ROWS: tl.constexpr, BLOCK_C: tl.
 @triton.jit
 def _swiglu_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, inter, GROUP: tl.constexpr,
                          GROUP_BLOCK: tl.constexpr, GROUPS: tl.constexpr, UE8M0: tl.constexpr,
-                         USE_LIBDEVICE: tl.constexpr):
+                         USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     groups = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     cols = tl.arange(0, GROUP_BLOCK)
     mask = (groups < n_groups)[:, None] & (cols < GROUP)[None, :]

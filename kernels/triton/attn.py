@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import FP8
-from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
+from .common import await_inputs, cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 
 _LOG2E = math.log2(math.e)
@@ -106,7 +106,8 @@ def _prefill_block(acc, m_i, l_i, q, q_tail, k_ptrs, k_tail_ptrs, v_ptrs, start,
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, qk_scale, stride_qt, stride_qh, stride_kt,
                     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, DQK: tl.constexpr, DV: tl.constexpr,
                     D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, COMPILED: tl.constexpr):
+                    BLOCK_N: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     pid_m, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(cu_q_ptr + seq)
     lq = tl.load(cu_q_ptr + seq + 1) - q0
@@ -288,7 +289,8 @@ def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, par
                    qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh,
                    PAGE: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   FP8_CACHE: tl.constexpr, COMPILED: tl.constexpr):
+                   FP8_CACHE: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     head_block, split, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < n_heads
@@ -346,7 +348,8 @@ def _decode_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, par
 @direct
 @triton.jit
 def _merge_kernel(part_o_ptr, part_lse_ptr, o_ptr, n_heads, stride_ob, stride_oh, RANK: tl.constexpr,
-                  BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                  BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     head, seq = tl.program_id(0), tl.program_id(1)
     part = (seq.to(tl.int64) * n_heads + head) * SPLITS
     s = tl.arange(0, BLOCK_S)

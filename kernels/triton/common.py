@@ -14,6 +14,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # Triton before 3.4 has no grid dependency control: PDL is never on there
+    gdc_launch_dependents = gdc_wait = None
+
 from ..backend_env import interpret_mode
 from ..ops.quant import FP8_MAX
 
@@ -63,6 +68,18 @@ def rows_per_program(n_rows: int, row_elems: int, target_elems: int = 4096) -> i
     while rows > 1 and cdiv(n_rows, rows) < MIN_PROGRAMS:
         rows //= 2
     return rows
+
+
+@triton.jit
+def await_inputs(PDL: tl.constexpr):
+    """The first statement of every kernel launched through :mod:`kernels.triton.launch`. With
+    ``PDL`` (the kernel launched as a programmatic dependent of the previous kernel in its stream,
+    :func:`kernels.backend_env.dependent_launch_reason`): wait until that kernel has finished and
+    its writes are visible, then let the next kernel in the stream begin launching, so its launch
+    overlaps this kernel's work. Without ``PDL``: nothing (the stream orders the kernels)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

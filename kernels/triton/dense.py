@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..backend_env import tuning_enabled
-from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
+from .common import await_inputs, cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 from .tuning import time_candidates
 
@@ -108,7 +108,9 @@ def _finish_tile(acc, rows, cols, head, pid_k, out_ptr, ws_ptr, counts_ptr, add_
 def _dense_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, add_ptr, M, N, stride_xm, stride_xh, stride_wh,
                   stride_wn, stride_om, stride_oh, stride_am, K: tl.constexpr, K_SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr, IEEE: tl.constexpr, COMPILED: tl.constexpr):
+                  SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr, IEEE: tl.constexpr, COMPILED: tl.constexpr,
+                  PDL: tl.constexpr):
+    await_inputs(PDL)
     pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -150,9 +152,10 @@ def _row_step(x_ptrs, w_ptrs, offs_k, K, EVEN_K: tl.constexpr):
 @triton.jit
 def _row_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, counts_ptr, add_ptr, N, stride_xh, stride_wh, stride_wn, stride_oh,
                 K: tl.constexpr, K_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr):
+                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_ADD: tl.constexpr, PDL: tl.constexpr):
     """``out[0, h, n] = sum_k x[0, h, k] * w[h, n, k]`` for one row: fp32 products summed per lane
     over the K range, then across the lanes of each weight row (module doc)."""
+    await_inputs(PDL)
     pid_n, head, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..backend_env import tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .common import cdiv, compiled_for_gpu, dot_f32, next_power_of_2, round_to_dtype, silu_f32
+from .common import await_inputs, cdiv, compiled_for_gpu, dot_f32, next_power_of_2, round_to_dtype, silu_f32
 from .launch import direct
 from .quant import act_quant, quantize_groups
 from .tuning import time_candidates
@@ -67,7 +67,8 @@ def _expert_ids(ids_ptr, idx, n_pairs, n_experts, DUMP: tl.constexpr):
 @direct
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, starts_ptr, counts_ptr, n_pairs, n_experts, BLOCK_M: tl.constexpr,
-                  BINS: tl.constexpr, CHUNK: tl.constexpr, COMPILED: tl.constexpr):
+                  BINS: tl.constexpr, CHUNK: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     expert = tl.program_id(0)
     lanes = tl.arange(0, CHUNK)
     # Pass 1: every expert's count (bin BINS - 1 >= n_experts collects everything else).
@@ -131,7 +132,9 @@ def _block_rows(starts_ptr, counts_ptr, sorted_ptr, n_experts, BLOCK_M: tl.const
 def _gate_up_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, counts_ptr, act_ptr, act_s_ptr,
                     n_experts, stride_we, stride_wse, stride_wsn, D: tl.constexpr, INTER: tl.constexpr,
                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    BLOCK_E: tl.constexpr, FP8_W: tl.constexpr, UE8M0: tl.constexpr, COMPILED: tl.constexpr):
+                    BLOCK_E: tl.constexpr, FP8_W: tl.constexpr, UE8M0: tl.constexpr, COMPILED: tl.constexpr,
+                    PDL: tl.constexpr):
+    await_inputs(PDL)
     expert, rows, row_ok, pairs = _block_rows(starts_ptr, counts_ptr, sorted_ptr, n_experts, BLOCK_M, BLOCK_E)
     if expert >= n_experts:
         return
@@ -186,7 +189,8 @@ def _gate_up_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr
 def _down_kernel(act_ptr, act_s_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, counts_ptr, weights_ptr, out_ptr,
                  n_experts, stride_we, stride_wse, stride_wsn, D: tl.constexpr, INTER: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                 FP8_W: tl.constexpr, COMPILED: tl.constexpr):
+                 FP8_W: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     expert, rows, row_ok, pairs = _block_rows(starts_ptr, counts_ptr, sorted_ptr, n_experts, BLOCK_M, BLOCK_E)
     if expert >= n_experts:
         return
@@ -218,7 +222,8 @@ def _down_kernel(act_ptr, act_s_ptr, w_ptr, ws_ptr, sorted_ptr, starts_ptr, coun
 @direct
 @triton.jit
 def _sum_topk_kernel(pair_out_ptr, ids_ptr, y_ptr, n_experts, D: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ok = cols < D

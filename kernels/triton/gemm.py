@@ -44,7 +44,7 @@ except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: no
 
 from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .common import cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
+from .common import await_inputs, cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
 from .launch import direct
 from .tuning import time_candidates
 
@@ -130,7 +130,8 @@ def _store_tile(acc, c_ptr, pid_m, pid_n, pid_k, M, N, stride_cs, stride_cm, BLO
 def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, stride_asm, stride_ask,
                      stride_bn, stride_bsn, stride_cs, stride_cm, K_BLOCKS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     # K is a compile-time constant (a model has a handful); the launcher makes SPLIT_K divide it.
@@ -216,7 +217,8 @@ def _fp8_gemm_tma_persistent_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N,
 
 @direct
 @triton.jit
-def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
 from ..registry import UnsupportedCall
-from .common import (MIN_PROGRAMS, cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype,
+from .common import (MIN_PROGRAMS, await_inputs, cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype,
                      rows_per_program)
 from .launch import direct
 
@@ -75,7 +75,8 @@ def store_candidates(n_rows: int, row_elems: int, fp8: bool) -> list[StoreConfig
 def _store_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_latent, stride_rope,
                   RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   ROWS: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr, FP8_CACHE: tl.constexpr,
-                  HARDWARE_CAST: tl.constexpr):
+                  HARDWARE_CAST: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     for block in tl.range(0, BLOCKS, num_stages=STAGES):
         rows = (tl.program_id(0).to(tl.int64) * BLOCKS + block) * ROWS + tl.arange(0, ROWS)
         _store_rows(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, rows, n_rows, stride_latent, stride_rope,
@@ -128,7 +129,8 @@ def _write_rows(latent, rope, slots, write, cache_ptr, scale_ptr, r, d, RANK: tl
 def _norm_rope_store_kernel(kv_ptr, w_ptr, pos_ptr, cs_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_kv,
                             stride_cs, eps, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr,
                             HALF: tl.constexpr, ROWS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                            FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+                            FP8_CACHE: tl.constexpr, HARDWARE_CAST: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     in_range = rows < n_rows
     slots = tl.load(slots_ptr + rows, mask=in_range, other=-1).to(tl.int64)

@@ -16,6 +16,11 @@ goes through Triton on every call: another argument type, a grid given as a func
 hook installed (profilers), the interpreter, a Triton version whose launcher this was not written
 for, or the switch off (:func:`kernels.backend_env.direct_launch_reason`). Triton's knobs
 (``TRITON_DEBUG``, ...) changed after a key's first call are not seen by that key.
+
+A kernel with a ``PDL`` constexpr parameter, called without it, gets it here: True, with Triton's
+``launch_pdl`` option, where :func:`kernels.backend_env.dependent_launch_reason` allows the
+programmatic dependent launch (the kernel then starts with
+:func:`kernels.triton.common.await_inputs`), else False. Both are part of the key.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ try:
 except ImportError:  # Triton before 3.4 (no knobs): the direct launch is refused for it anyway
     knobs = None
 
-from ..backend_env import direct_launch_reason
+from ..backend_env import dependent_launch_reason, direct_launch_reason
 
 _I32, _I64, _U64 = 0, 1, 2
 
@@ -70,6 +75,7 @@ class DirectLaunch(KernelInterface):
         self.fn = fn
         self.compiled: dict[tuple, Any] = {}
         self.jit = isinstance(fn, JITFunction)
+        self.dependent = "PDL" in getattr(fn, "arg_names", ())
         if self.jit:
             self.names = list(fn.arg_names)
             self.name_set = frozenset(self.names)
@@ -77,6 +83,10 @@ class DirectLaunch(KernelInterface):
             self.defaults = {name: p.default for name, p in fn.signature.parameters.items() if p.default is not p.empty}
 
     def run(self, *args, grid, warmup, **kwargs):
+        if self.dependent and "PDL" not in kwargs:
+            kwargs["PDL"] = dependent_launch_reason() is None
+            if kwargs["PDL"]:
+                kwargs["launch_pdl"] = True
         if warmup or not self.jit or callable(grid) or direct_launch_reason() is not None or _launch_hooked() \
                 or self.fn.pre_run_hooks:
             return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import compiled_for_gpu, next_power_of_2, sigmoid_f32
+from .common import await_inputs, compiled_for_gpu, next_power_of_2, sigmoid_f32
 from .launch import direct
 
 _TAKEN = tl.constexpr(-(2**63))  # below the key of every real score, -inf included
@@ -30,7 +30,8 @@ def _keys(value, index):
 def _gate_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, stride_t, scaling, N_GROUP: tl.constexpr,
                  PER_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, NORM: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, NORM: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     group = tl.arange(0, BLOCK_G)
     expert = group[:, None] * PER_GROUP + tl.arange(0, BLOCK_P)[None, :]

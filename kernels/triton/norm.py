@@ -8,14 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import next_power_of_2
+from .common import await_inputs, next_power_of_2
 from .launch import direct
 
 
 @direct
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_cols, x_row_stride, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, BLOCK, FP8, FP8_MAX, check_act_quant_args
-from .common import cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype, rows_per_program
+from .common import await_inputs, cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype, rows_per_program
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -35,7 +35,8 @@ def quantize_groups(x, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr):
 @direct
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, GROUP_BLOCK: tl.constexpr,
-                      GROUPS: tl.constexpr, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+                      GROUPS: tl.constexpr, UE8M0: tl.constexpr, HARDWARE_CAST: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     groups = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     cols = tl.arange(0, GROUP_BLOCK)
     mask = (groups < n_groups)[:, None] & (cols < GROUP)[None, :]
@@ -67,7 +68,8 @@ def act_quant(x: torch.Tensor, group_size: int = BLOCK, scale_fmt: str | None = 
 @direct
 @triton.jit
 def _weight_dequant_kernel(w_ptr, s_ptr, y_ptr, n, k, stride_s, SCALE_BLOCK: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)

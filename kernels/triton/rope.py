@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cdiv, next_power_of_2, rows_per_program
+from .common import await_inputs, cdiv, next_power_of_2, rows_per_program
 from .launch import direct
 
 
@@ -18,7 +18,8 @@ from .launch import direct
 @triton.jit
 def _rope_kernel(x_ptr, pos_ptr, cache_ptr, y_ptr, n_rows, rows_per_token, stride_xt, stride_xr, stride_yt,
                  stride_yr, stride_cache, D: tl.constexpr, HALF_BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     token = rows // rows_per_token

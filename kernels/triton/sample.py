@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..ops import sample as ref
-from .common import cdiv, next_power_of_2
+from .common import await_inputs, cdiv, next_power_of_2
 from .launch import direct
 
 _NEG_INF = tl.constexpr(float("-inf"))
@@ -181,7 +181,8 @@ def _gumbel_argmax(row_ptr, vocab, inv_t, seed, step, keep_from,
 @triton.jit
 def _sample_kernel(logits_ptr, row_stride, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, step_ptr,
                    token_ptr, logprob_ptr, vocab, KEY_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
-                   N_CHUNKS: tl.constexpr):
+                   N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
 

@@ -1,0 +1,34 @@
+"""The PTX that ops' Triton kernels compile to for a GPU that is not here (kernels.compile_report in
+a fresh interpreter, where Triton compiles rather than interprets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = """
+import json, sys, triton, kernels.compile_report as report
+ptx = []
+compile = triton.compile
+def keep(*args, **kwargs):
+    kernel = compile(*args, **kwargs)
+    ptx.append(kernel.asm["ptx"])
+    return kernel
+triton.compile = keep
+report.report(sys.argv[1], False, int(sys.argv[2]))
+print(json.dumps(ptx))
+"""
+
+
+def compiled_ptx(ops: str, arch: int) -> list[str]:
+    """The PTX of every kernel launch of the quick A/B cases of ``ops`` (compile_report's globs),
+    compiled for ``sm_<arch>``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, ops, str(arch)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
