@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from common.int_lists import comma_separated_ints
+from kernels import backend_env
 
 from . import harness, model
 from .engine_decode import PROMPT, engine_run
@@ -74,6 +75,14 @@ def profile_steps(llm, batch: int) -> tuple[dict[str, tuple[float, int]], dict[s
         elif event.self_cpu_time_total > 0:
             host[event.key] = (event.self_cpu_time_total, event.count)
     return dict(kernels), host, PROFILED_STEPS
+
+
+def dependent_launch_line(reason: str | None) -> str:
+    """Whether the Triton kernels ran as programmatic dependents, and what that does to the table."""
+    if reason is not None:
+        return f"Triton kernels launched plainly (no programmatic dependent launch: {reason})."
+    return ("Triton kernels launched as programmatic dependents: each kernel's time in the table includes the time "
+            "it spent launched, waiting for its predecessor, so the sums overstate the GPU's busy time.")
 
 
 def report(llm, batch: int, copy_bps: float, top: int) -> str:
@@ -136,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_run(llm, batch, 4, seed=batch)  # compile and tune outside the measured runs
     env = harness.environment()
     text = f"## Decode profile {env['date']} ({env['device']}, torch {env['torch']}, Triton {env['triton']})\n\n"
+    text += dependent_launch_line(backend_env.dependent_launch_reason()) + "\n\n"
     text += "\n".join(report(llm, batch, copy_bps, args.top) for batch in batches)
     print(text)
     if args.out:

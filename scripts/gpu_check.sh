@@ -21,8 +21,10 @@
 #              dense,kv,mla,gemm; SWEEP_LIMIT seconds each, default 200-300): benchmarks.dense --tune
 #              (the one-row kernel among the tuner's picks; DENSE_ROWS, default 1,32), benchmarks.kv_sweep and benchmarks.mla_sweep
 #              (kv.store and decode), benchmarks.gemm --tune (the FP8 GEMM's picks, TMA tiles included)
-#   profile    python -m benchmarks.profile_decode (where a decode step's time goes), then
-#              python -m benchmarks.host_overhead --profile (where an eager op call's host time goes)
+#   profile    python -m benchmarks.profile_decode (where a decode step's time goes; the first run on a
+#              fresh machine also makes the benchmark checkpoint), with PROFILE_PLAIN=1 again with the
+#              kernels launched plainly (ENGINE_OPS_PDL=0), then python -m benchmarks.host_overhead
+#              --profile (where an eager op call's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
 #              default all, at their benchmark shapes; raw metrics in OUT/ncu.jsonl)
 # The vendor backends (deep_gemm, flash_mla: build the extensions first and put their folders on
@@ -141,7 +143,9 @@ want tilelang-tests && ENGINE_OPS_TUNE=0 step tilelang-tests "$TLIMIT" $PY -m py
 want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang-quick "$TLIMIT" $PY -m kernels.ab --backend tilelang --json "$OUT/ab-tilelang-quick.json"
 want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang "$TLIMIT" $PY -m kernels.ab --full --backend tilelang --json "$OUT/ab-tilelang.json"
 want tilelang-bench && step bench-backends "$TLIMIT" $PY -m benchmarks.backends --out "$OUT/performance.md"
-want profile && step profile 200 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
+want profile && step profile 330 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
+[ -n "${PROFILE_PLAIN:-}" ] && want profile && \
+  step profile-plain 200 env ENGINE_OPS_PDL=0 $PY -m benchmarks.profile_decode --out "$OUT/profile-plain.md"
 want profile && step profile-host 120 $PY -m benchmarks.host_overhead --profile --calls 500
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 

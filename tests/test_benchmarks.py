@@ -388,3 +388,11 @@ def test_live_rows_print_each_row_as_it_is_measured(capsys):
     rows += [harness.Row("a", "s1", "1 ms", "-"), harness.Row("b", "s2", "2 ms", "-")]
     assert capsys.readouterr().err.splitlines() == ["[2] a | s1 | 1 ms | -", "[3] b | s2 | 2 ms | -"]
     assert [r.benchmark for r in rows] == ["gemm.dense q up", "a", "b"] and isinstance(rows, harness.LiveRows)
+
+
+def test_the_decode_profile_says_whether_the_kernels_ran_as_programmatic_dependents():
+    from benchmarks.profile_decode import dependent_launch_line
+
+    assert dependent_launch_line("off (ENGINE_OPS_PDL=0)") == \
+        "Triton kernels launched plainly (no programmatic dependent launch: off (ENGINE_OPS_PDL=0))."
+    assert dependent_launch_line(None).startswith("Triton kernels launched as programmatic dependents")
