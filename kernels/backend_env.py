@@ -96,7 +96,7 @@ def dependent_launch_reason() -> str | None:
     else why they launch plainly. On wherever it can be: a CUDA (not ROCm) device of compute
     capability 9.0 or later and a Triton with grid dependency control; ``ENGINE_OPS_PDL=0`` turns it
     off. CUDA graphs keep the dependency (a programmatic edge)."""
-    if os.environ.get("ENGINE_OPS_PDL", "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off("ENGINE_OPS_PDL"):
         return "off (ENGINE_OPS_PDL=0)"
     if _triton_import_error():
         return _triton_import_error()
@@ -122,7 +122,12 @@ def dependent_launch_reason() -> str | None:
 def tuning_enabled() -> bool:
     """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
     default one, untimed, so outputs do not depend on timing (reproducible run to run)."""
-    return os.environ.get("ENGINE_OPS_TUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return not switched_off("ENGINE_OPS_TUNE")
+
+
+def switched_off(name: str) -> bool:
+    """Whether environment variable ``name`` turns its feature off (0, false, no or off; unset: not)."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,9 +12,8 @@ Each op's A/B cases (quick shapes, or DeepSeek-V3's with ``--full``) run their T
 CPU tensors with every kernel launch replaced by a compilation for ``sm_<arch>``: the wrapper
 sizes the launch as on an H200 (132 SMs, untuned defaults, a programmatic dependent launch where
 the target has it; where it asks the device itself, as whether TMA descriptors can be made, it
-gets the CPU's answer), Triton specializes the arguments
-as a real launch would (dtypes, 16-byte aligned pointers, integers equal to 1 or divisible by
-16), and its own ``ptxas`` and ``cuobjdump`` compile and describe the binary. Nothing runs, so a
+gets the CPU's answer), Triton specializes the arguments as a real launch would (dtypes, 16-byte
+aligned pointers, integers equal to 1 or divisible by 16), and its own ``ptxas`` and ``cuobjdump`` compile and describe the binary. Nothing runs, so a
 wrapper that read a kernel's output on the host would see garbage; a case that fails is listed
 with its error. Needs compiled mode (``TRITON_INTERPRET`` unset) and Triton's CUDA backend
 files; no GPU, no driver. Exit code 1 when a case fails (a launch that does not compile for the

@@ -1,5 +1,6 @@
 """The PTX that ops' Triton kernels compile to for a GPU that is not here (kernels.compile_report in
-a fresh interpreter, where Triton compiles rather than interprets)."""
+a fresh interpreter, where Triton compiles rather than interprets), and the mark that skips a test
+where Triton has no CUDA backend tools to compile with."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+triton = pytest.importorskip("triton")  # the test module importing this is skipped without it
 REPO = Path(__file__).resolve().parent.parent
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+needs_cuda_tools = pytest.mark.skipif(not (TOOLS / "ptxas").is_file() or not (TOOLS / "cuobjdump").is_file(),
+                                      reason="this Triton has no CUDA backend tools (ptxas, cuobjdump)")
 SCRIPT = """
 import json, sys, triton, kernels.compile_report as report
 ptx = []

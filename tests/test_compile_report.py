@@ -8,16 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from compiled_ptx import compiled_ptx
+from compiled_ptx import REPO, compiled_ptx, needs_cuda_tools
 
-triton = pytest.importorskip("triton")
-REPO = Path(__file__).resolve().parent.parent
-TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-pytestmark = pytest.mark.skipif(not (TOOLS / "ptxas").is_file() or not (TOOLS / "cuobjdump").is_file(),
-                                reason="this Triton has no CUDA backend tools (ptxas, cuobjdump)")
+pytestmark = needs_cuda_tools
 
 
 def cells(row: str) -> list[str]:

@@ -20,8 +20,7 @@ from kernels import backend_env
 from kernels.triton import launch
 from kernels.triton.launch import DirectLaunch
 
-from compiled_ptx import compiled_ptx
-
+from compiled_ptx import compiled_ptx, needs_cuda_tools
 
 
 def _dependent(x_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -94,8 +93,7 @@ def test_why_kernels_do_not_launch_as_dependents_is_reported(monkeypatch):
     backend_env.reset()
 
 
-@pytest.mark.skipif(not (Path(__import__("triton").__file__).parent / "backends/nvidia/bin/ptxas").is_file(),
-                    reason="this Triton has no CUDA backend tools")
+@needs_cuda_tools
 def test_compiled_kernels_wait_for_their_predecessor_before_reading_on_sm90():
     for ptx in compiled_ptx("norm.rmsnorm,gemm.dense,act.swiglu", 90):
         body = ptx[ptx.index(".entry"):]
