@@ -96,14 +96,28 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the next decode step of ``seq`` (its last token written) finds room."""
-        return len(self.free_block_ids) >= (len(seq) % self.block_size == 1)
+        return len(self.free_block_ids) >= self.needs_block(len(seq))
+
+    def needs_block(self, length: int) -> bool:
+        """Whether position ``length - 1`` starts a new block."""
+        return (length - 1) % self.block_size == 0
 
     def may_append(self, seq: Sequence) -> None:
         """Before a decode step: add a block when the last token starts one; hash a block it fills."""
-        bs = self.block_size
-        if len(seq) % bs == 1:
+        self.reserve_slot(seq, len(seq))
+        self.register_full_block(seq)
+
+    def reserve_slot(self, seq: Sequence, length: int) -> None:
+        """Before a decode step that writes position ``length - 1`` of ``seq``: add a block when that
+        position starts one (the token there need not be known yet)."""
+        if self.needs_block(length):
             seq.block_table.append(self._take(self.free_block_ids[0]).block_id)
-        elif len(seq) % bs == 0:
+
+    def register_full_block(self, seq: Sequence) -> None:
+        """When ``seq``'s last token fills its block, and a step writes that token: hash the block,
+        so later requests with the same tokens reuse it."""
+        bs = self.block_size
+        if len(seq) % bs == 0:
             index = len(seq) // bs - 1
             parent = self.blocks[seq.block_table[index - 1]].hash if index else ROOT_HASH
             tokens = seq.block_tokens(index, bs)

@@ -184,6 +184,10 @@ class EngineConfig:
     (see :mod:`engine.parallel`); every rank then steps in lockstep with the others.
     ``prefill_graph_tokens`` lists the token counts at which prefill steps of fresh prompts are
     captured as CUDA graphs (:mod:`engine.prefill_graphs`; empty: none; not under expert parallelism).
+    ``overlap_decode`` launches each decode step before the host reads the previous one's tokens
+    (:meth:`engine.llm.LLM.step`): None (default) where decode steps run on captured CUDA graphs,
+    True also where they are not captured (the same staged steps run eagerly, as on CPU), False
+    never; never under expert parallelism.
     """
 
     model_dir: str
@@ -199,6 +203,7 @@ class EngineConfig:
     prefill_graph_tokens: tuple[int, ...] = ()
     seed: int = 0
     expert_parallel: bool = False
+    overlap_decode: bool | None = None
     model: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +213,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device")
+        if self.overlap_decode not in (None, True, False):
+            raise ValueError(f"overlap_decode must be None, True or False, got {self.overlap_decode!r}")
         if self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size and max_num_seqs must be positive")
         self.model = check_checkpoint(self.model_dir)  # config.json and the shards' headers, before anything loads

@@ -25,7 +25,7 @@ from .models.deepseek_v3 import DeepseekV3
 from .native import host_ops
 from .parallel.expert_parallel import ExpertParallel, StepPlan
 from .prefill_graphs import PrefillGraphs
-from .sampler import ResultReader, SamplingBatch, sample_packed
+from .sampler import PendingResults, ResultReader, SamplingBatch, sample_packed
 from .sequence import Sequence
 
 
@@ -33,12 +33,13 @@ from .sequence import Sequence
 class StepResult:
     """One step's sampled tokens, their logprobs and top-2 margins (per scheduled sequence),
     and the raw fp32 logits [B, vocab] they came from (after a graph-replayed step, a view of
-    the graph's output buffer that the next step overwrites: clone it to keep it)."""
+    the graph's output buffer that the next step overwrites: clone it to keep it; None for an
+    overlapped decode step, whose buffer the step after it had already been launched to overwrite)."""
 
     token_ids: list[int]
     logprobs: list[float]
     top2_margins: list[float]
-    logits: torch.Tensor
+    logits: torch.Tensor | None
 
 
 class ModelRunner:
@@ -66,12 +67,21 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager:
             prepare = self.ep.prepare_capture if self.ep is not None else None
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device, prepare)
+        elif config.overlap_decode and self.ep is None:
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_blocks_per_seq, self.device, capture=False)
+        self.overlap_decode = config.overlap_decode is not False
         self.prefill_graphs = None
         if config.prefill_graph_tokens and self.ep is None:
             capture = self.device.type == "cuda" and not config.enforce_eager
             self.prefill_graphs = PrefillGraphs(self.model, list(config.prefill_graph_tokens), config.max_num_seqs,
                                                 self.device, capture)
         self.reader = ResultReader(config.max_num_seqs, self.device)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether decode steps overlap (:meth:`engine.llm.LLM.step`): wanted (``overlap_decode``),
+        on the staged decode steps (:attr:`graphs`), and not under expert parallelism."""
+        return self.overlap_decode and self.graphs is not None and self.ep is None
 
     def _default_num_blocks(self, width: int) -> int:
         """Enough for ``max_num_seqs`` full-length sequences; on CUDA at most what
@@ -89,6 +99,23 @@ class ModelRunner:
         """Run one step and read its results back (the step's one wait for the device)."""
         logits, packed = self.launch(seqs, is_prefill)
         return StepResult(*self.reader.read(packed), logits)
+
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], after: list[Sequence] | None = None) -> PendingResults:
+        """Enqueue a decode step of ``seqs`` on the staged inputs (requires :attr:`overlaps`) and
+        the copy of its results to the host, without waiting. ``after``: the decode step launched
+        just before, whose tokens are still on the device; each of ``seqs`` is one of its sequences,
+        its input token the one that step samples and its length one more than the host knows
+        (its slot reserved by :meth:`engine.scheduler.Scheduler.schedule_ahead`)."""
+        ahead = 0 if after is None else 1
+        fed_rows = None
+        if after is not None:
+            row_of = {seq.seq_id: row for row, seq in enumerate(after)}
+            fed_rows = [row_of[s.seq_id] for s in seqs]
+        packed = self.ops.pack_decode([s.last_token for s in seqs], [len(s) + ahead for s in seqs],
+                                      [s.block_table for s in seqs], self.config.block_size, self.config.max_blocks_per_seq)
+        _, results = self.graphs.run(seqs, packed, fed_rows=fed_rows)
+        return self.reader.start(results)
 
     def any_rank_busy(self, busy: bool) -> bool:
         """``busy`` itself; under expert parallelism whether any rank is busy (a collective)."""

@@ -54,22 +54,45 @@ def sample_packed(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.stack([tokens.double(), logprobs.double(), margins.double()], dim=1)
 
 
+class PendingResults:
+    """One step's packed results on their way to the host (:meth:`ResultReader.start`)."""
+
+    def __init__(self, host: torch.Tensor, done: torch.cuda.Event | None):
+        self.host, self.done = host, done
+
+    def wait(self) -> tuple[list[int], list[float], list[float]]:
+        """``(token ids, logprobs, margins)``, once the copy (and so the step before it) is done."""
+        if self.done is not None:
+            self.done.synchronize()
+        tokens, logprobs, margins = self.host.t().tolist() if self.host.shape[0] else ([], [], [])
+        return [int(t) for t in tokens], logprobs, margins
+
+
 class ResultReader:
-    """Reads packed step results back to the host: one copy into a pinned buffer of
-    ``max_rows`` rows on CUDA, then one wait for the stream."""
+    """Reads packed step results back to the host: one copy into a pinned buffer of ``max_rows``
+    rows on CUDA, then one wait for it. Two buffers in turns, so that a step's results can be on
+    their way while the host reads the previous step's."""
 
     def __init__(self, max_rows: int, device: torch.device):
         self.device = torch.device(device)
-        self.host = torch.empty(max_rows, 3, dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        pin = self.device.type == "cuda"
+        self.hosts = [torch.empty(max_rows, 3, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self.events = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
+        self._turn = 0
+
+    def start(self, packed: torch.Tensor) -> PendingResults:
+        """Enqueue the copy of ``packed`` [B, 3] to the host. Its buffer is reused two starts later:
+        wait for the results before then."""
+        rows = packed.shape[0]
+        if rows > self.hosts[0].shape[0]:
+            raise ValueError(f"result reader: {rows} rows, room for {self.hosts[0].shape[0]}")
+        host, done = self.hosts[self._turn][:rows], self.events[self._turn]
+        self._turn ^= 1
+        host.copy_(packed, non_blocking=True)
+        if done is not None:
+            done.record(torch.cuda.current_stream(self.device))
+        return PendingResults(host, done)
 
     def read(self, packed: torch.Tensor) -> tuple[list[int], list[float], list[float]]:
         """``(token ids, logprobs, margins)`` of ``packed`` [B, 3]; waits for the step to finish."""
-        rows = packed.shape[0]
-        if rows > self.host.shape[0]:
-            raise ValueError(f"result reader: {rows} rows, room for {self.host.shape[0]}")
-        host = self.host[:rows]
-        host.copy_(packed, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        tokens, logprobs, margins = host.t().tolist() if rows else ([], [], [])
-        return [int(t) for t in tokens], logprobs, margins
+        return self.start(packed).wait()

@@ -5,6 +5,11 @@ token budget and free blocks allow. Otherwise every running sequence decodes one
 blocks run out, the most recently admitted running sequence is preempted by recompute (its
 blocks freed, it goes back to the front of the queue with its generated tokens and is
 prefilled again later).
+
+A decode step may also be scheduled *ahead* (:meth:`Scheduler.schedule_ahead`): while the
+previous decode step's tokens are still being sampled on the device, from what the host knows
+without them (every sequence grows by one token; those that reach their length limit stop).
+A sequence that then stops on a sampled token has its row of the step ahead discarded.
 """
 
 from __future__ import annotations
@@ -78,10 +83,32 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float], margins: list[float]) -> list[Sequence]:
-        """Append each sampled token; finish and free the sequences that stop. Returns those."""
+    def schedule_ahead(self, in_flight: list[Sequence]) -> list[Sequence] | None:
+        """The decode step after ``in_flight`` (a decode step whose tokens the host has not read),
+        scheduled now: its sequences that cannot stop by length on those tokens, each with a cache
+        slot for the position after its in-flight token. None when the next step must wait for the
+        tokens: a request is waiting (its prefill goes first), no sequence would continue, a
+        running sequence is not in flight, or a block is missing (preemption decides)."""
+        live = [s for s in in_flight if not s.is_finished]
+        if self.waiting or len(live) != len(self.running):
+            return None
+        ahead = [s for s in live if not self._ends_by_length(s, pending=1)]
+        if not ahead or sum(self.block_manager.needs_block(len(s) + 1) for s in ahead) > self.block_manager.num_free_blocks:
+            return None
+        for seq in ahead:
+            self.block_manager.reserve_slot(seq, len(seq) + 1)
+        return ahead
+
+    def postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float], margins: list[float],
+                    ahead: list[Sequence] = ()) -> list[Sequence]:
+        """Append each sampled token; finish and free the sequences that stop. Returns those. Rows of
+        sequences that had already finished (a step scheduled ahead) are skipped; ``ahead`` is the
+        step scheduled ahead of these tokens, which writes them: the blocks they fill are hashed."""
         finished = []
+        continuing = set(ahead)
         for seq, token, logprob, margin in zip(seqs, tokens, logprobs, margins):
+            if seq.is_finished:
+                continue
             seq.append(token, logprob, margin)
             reason = self._finish_reason(seq, token)
             if reason:
@@ -90,12 +117,19 @@ class Scheduler:
                 self.block_manager.deallocate(seq)
                 self.running.remove(seq)
                 finished.append(seq)
+            elif seq in continuing:
+                self.block_manager.register_full_block(seq)
         return finished
+
+    def _ends_by_length(self, seq: Sequence, pending: int = 0) -> bool:
+        """Whether ``seq`` has reached its token limits once ``pending`` more tokens are appended."""
+        return (seq.num_completion_tokens + pending >= seq.params.max_tokens
+                or len(seq) + pending >= self.max_model_len)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+        if self._ends_by_length(seq):
             return "length"
         return None

@@ -141,7 +141,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_steps(llm, prompts: list[list[int]], params) -> tuple[list, dict[int, list[torch.Tensor]]]:
     """Run ``prompts`` through ``llm`` step by step; returns the sequences and, per sequence id,
-    the logits row of every step it was part of."""
+    the logits row of every step it was part of (``llm`` without overlapped decode, which keeps no
+    logits)."""
     seqs = [llm.add_request(p, params) for p in prompts]
     logits: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in seqs}
     while not llm.scheduler.is_finished():

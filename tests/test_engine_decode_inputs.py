@@ -21,8 +21,8 @@ def _seqs() -> list[Sequence]:
 
 
 def test_stage_fills_rows_pads_the_rest_and_reaches_the_device_views():
-    """On CPU the device views alias the host buffer; the copy to a GPU is exercised by the GPU
-    test that samples inside the decode graph (tests/test_engine_sampling.py)."""
+    """On CPU the copies to the device side are immediate; the copy to a GPU is exercised by the
+    GPU test that samples inside the decode graph (tests/test_engine_sampling.py)."""
     inputs = DecodeInputs(max_batch=8, width=3, device=torch.device("cpu"))
     assert inputs.on_device.slots.tolist() == [-1] * 8  # before any step: rows that write nothing
     seqs = _seqs()
@@ -36,8 +36,9 @@ def test_stage_fills_rows_pads_the_rest_and_reaches_the_device_views():
     assert x.top_k[:4].tolist() == [3, 0, 0, 0] and x.seed[:4].tolist() == [11, 99, 0, 0] and x.step[:4].tolist() == [0, 1, 0, 0]
     # Fields do not overlap: each view owns its own bytes of the one buffer.
     starts = sorted(getattr(x, f).data_ptr() for f in ("input_ids", "positions", "slots", "top_k", "seed", "step",
-                                                        "temperature", "top_p", "context_lens"))
-    assert len(set(starts)) == 9
+                                                        "token_rows", "temperature", "top_p", "context_lens"))
+    assert len(set(starts)) == 10 and inputs.sampled.data_ptr() not in starts
+    assert inputs.input_ids(4).tolist() == [9, 3, 0, 0]  # each row its own staged token
 
 
 def test_stage_refuses_more_sequences_than_rows():
