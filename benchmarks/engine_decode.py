@@ -27,14 +27,25 @@ PROMPT, NEW, BATCHES = 128, 128, (1, 32)
 
 
 @contextlib.contextmanager
-def graphs_off(llm, which: str = "graphs"):
-    """The engine runner's ``which`` graphs (decode: ``graphs``; ``prefill_graphs``) set aside in the block."""
-    saved = getattr(llm.runner, which)
-    setattr(llm.runner, which, None)
+def runner_set(llm, name: str, value):
+    """The engine runner's attribute ``name`` set to ``value`` in the block (restored after)."""
+    saved = getattr(llm.runner, name)
+    setattr(llm.runner, name, value)
     try:
         yield
     finally:
-        setattr(llm.runner, which, saved)
+        setattr(llm.runner, name, saved)
+
+
+def graphs_off(llm, which: str = "graphs"):
+    """The engine runner's ``which`` graphs (decode: ``graphs``, which also stops the overlapped
+    decode; ``prefill_graphs``) set aside in the block."""
+    return runner_set(llm, which, None)
+
+
+def overlap_off(llm):
+    """The engine's decode steps read back one after the other (no overlapped decode) in the block."""
+    return runner_set(llm, "overlap_decode", False)
 
 
 def random_prompts(batch: int, seed: int) -> list[list[int]]:
