@@ -21,6 +21,13 @@ from kernels.ops.quant import quantize_weight, weight_dequant_reference
 VOCAB = 300
 
 
+def random_prompts(seed: int, n: int, max_len: int) -> list[list[int]]:
+    """``n`` prompts of BOS plus 3 to ``max_len - 1`` random byte tokens, drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [[256] + torch.randint(0, 256, (int(torch.randint(3, max_len, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
 def tiny_config(**overrides):
     """A DeepseekV3Config small enough for CPU tests (hidden 64, 2 layers, vocab 300)."""
     from transformers import DeepseekV3Config

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from engine_checkpoints import random_model, save_checkpoint, tiny_config, torch_backend_one_thread
+from engine_checkpoints import random_model, random_prompts, save_checkpoint, tiny_config, torch_backend_one_thread
 
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
@@ -26,8 +26,7 @@ def ckpt(tmp_path_factory):
 
 
 def prompts(seed: int, n: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [[256] + torch.randint(0, 256, (int(torch.randint(3, 14, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return random_prompts(seed, n, 14)
 
 
 def mixed_params(n: int, stop: dict[int, int] | None = None) -> list[SamplingParams]:

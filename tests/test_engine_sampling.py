@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config, torch_backend_one_thread
+from engine_checkpoints import random_model, random_prompts, run_steps, save_checkpoint, tiny_config, torch_backend_one_thread
 
 from engine import LLM, SamplingParams
 
@@ -16,8 +16,7 @@ def ckpt(tmp_path_factory):
 
 
 def prompts(seed: int, n: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [[256] + torch.randint(0, 256, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return random_prompts(seed, n, 20)
 
 
 def test_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_8(ckpt):
