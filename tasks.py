@@ -111,7 +111,7 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
        image="", matrix="", artifacts="", force=False, keep=False, timeout=None):
     """A/B every op's backend against its torch reference.
 
-    Without --image: runs python -m kernels.ab here, with its flags. With --image: the ab
+    Without --image: runs python -m bringup_kernels.ab here, with its flags. With --image: the ab
     stage of that matrix image (dump and results under <artifacts>/<image>/ab/).
     """
     if image:
@@ -123,7 +123,7 @@ def ab(c, ops="", backend="", quick=False, dump="", compare="", json="",
             raise Exit(code=2)
         _stage("ab", {name: value for name, value in locals().items() if name in STAGE_PARAMS})
         return
-    from kernels.ab import main
+    from bringup_kernels.ab import main
 
     argv = []
     for flag, value in (("--ops", ops), ("--backend", backend), ("--dump", dump), ("--compare", compare), ("--json", json)):

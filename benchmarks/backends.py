@@ -36,8 +36,8 @@ PAGE = 64
 
 def checked(op, out: Any, ref: Any) -> str:
     """``matches the reference`` or what differs (the op's exactness and tolerances)."""
-    from kernels.ab import as_outputs
-    from kernels.compare import DIFFERS, compare
+    from bringup_kernels.ab import as_outputs
+    from bringup_kernels.compare import DIFFERS, compare
 
     got, want = as_outputs(op, out), as_outputs(op, ref)
     bad = [d for name in want for d in [compare(name, got[name], want[name], name in op.exact, op.tolerances)] if d.status == DIFFERS]
@@ -48,8 +48,8 @@ def measure_case(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]
                  rate: Callable[[float], tuple[str, str]]) -> list[Row]:
     """One case on every backend of ``backends`` the op has: checked, timed, and ratioed to Triton.
     ``rate(ms)`` gives the throughput and ceiling cells."""
-    from kernels import registry
-    from kernels.registry import UnsupportedCall
+    from bringup_kernels import registry
+    from bringup_kernels.registry import UnsupportedCall
 
     op = registry.get(op_name)
     args, kwargs = make()

@@ -67,7 +67,7 @@ def per_call_ms(fn, x: torch.Tensor, weights: list[torch.Tensor], out_dtype: tor
 
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
-    from kernels.triton.dense import choose_config, dense
+    from bringup_kernels.triton.dense import choose_config, dense
 
     copy = harness.copy_bandwidth()
     rows = harness.LiveRows()
@@ -92,7 +92,7 @@ def measure(args) -> list[Row]:
 
 def _add_row(m: int, label: str, n: int, k: int, copy: float, tuned: bool) -> Row:
     """The projection with the addend summed in its own launch, against cuBLAS and an add kernel."""
-    from kernels.triton.dense import choose_config, dense
+    from bringup_kernels.triton.dense import choose_config, dense
 
     x, weights = operands(m, n, k, 0, torch.bfloat16)
     add = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -109,7 +109,7 @@ def _add_row(m: int, label: str, n: int, k: int, copy: float, tuned: bool) -> Ro
 
 def tuner_rows(top: int = 3) -> list[Row]:
     """Per tuned shape, the untimed default and the ``top`` fastest candidates the tuner timed."""
-    from kernels.triton.dense import TIMED
+    from bringup_kernels.triton.dense import TIMED
 
     def shape(key: tuple) -> str:
         bucket, heads, n, k, _x, w_dtype = key[:6]

@@ -37,7 +37,7 @@ BLOCK, PREFILL = 64, 8192
 
 def available_vendor() -> dict[str, str]:
     """The vendor backends of :data:`VENDOR` that can run here; says why the others cannot."""
-    from kernels import backend_env
+    from bringup_kernels import backend_env
 
     here = {}
     for op, backend in VENDOR.items():
@@ -51,9 +51,9 @@ def available_vendor() -> dict[str, str]:
 
 def served() -> str:
     """Which backend each vendor op runs on, and the calls any backend declined."""
-    import kernels
+    import bringup_kernels
 
-    report = kernels.report()
+    report = bringup_kernels.report()
     used = ", ".join(f"{op}={report['ops'][op]['backend']}" for op in VENDOR)
     declined = sorted({f"{c['op']}: {c['reason'][:60]}" for c in report["call_fallbacks"]})
     return f"{used}; declined calls: {'; '.join(declined) if declined else 'none'}"
@@ -68,7 +68,7 @@ def free_gpu() -> None:
 def decode(ckpt: Path, chosen: dict[str, str]) -> tuple[dict[int, tuple[float, float]], str]:
     """Per batch: (median decode step ms, tokens/s), and what served."""
     from engine import LLM
-    from kernels import registry
+    from bringup_kernels import registry
 
     with registry.ops_on(chosen):
         llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=max(BATCHES), max_model_len=PROMPT + NEW + 16,
@@ -88,7 +88,7 @@ def decode(ckpt: Path, chosen: dict[str, str]) -> tuple[dict[int, tuple[float, f
 def prefill(ckpt: Path, chosen: dict[str, str]) -> tuple[float, str]:
     """Median time to first token (s) of a PREFILL-token prompt, and what served."""
     from engine import LLM
-    from kernels import registry
+    from bringup_kernels import registry
 
     with registry.ops_on(chosen):
         llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=PREFILL + 64,

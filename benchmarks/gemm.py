@@ -31,8 +31,8 @@ BACKENDS = ("triton", "deep_gemm", "tilelang")
 def operands(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
     """``(a, a_scale, b, b_scale)`` of one shape: random bf16 activations quantized per 128-token
     group, random weights quantized in 128 x 128 blocks (on the GPU)."""
-    from kernels.ops.quant import quantize_weight
-    from kernels.triton.quant import act_quant
+    from bringup_kernels.ops.quant import quantize_weight
+    from bringup_kernels.triton.quant import act_quant
 
     a, sa = act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
     b, sb = quantize_weight(torch.randn(n, k, device="cuda") * k ** -0.5)
@@ -49,14 +49,14 @@ def cublas_rowwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
 
 def triton_config(a, sa, b, sb, tuned: bool) -> str:
     """The configuration the Triton backend ran this shape with (timed already, so cached)."""
-    from kernels.triton.gemm import choose_config
+    from bringup_kernels.triton.gemm import choose_config
 
     return f"{'tuned' if tuned else 'default'} {choose_config(a, sa, b, sb, torch.bfloat16).label()}"
 
 
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
-    from kernels import registry
+    from bringup_kernels import registry
 
     op = registry.get("gemm.fp8_block")
     impls = {name: op.load(name) for name in harness.usable_backends(BACKENDS, "gemm")}
@@ -87,7 +87,7 @@ def measure(args) -> list[Row]:
 def tuner_rows(top: int = 3) -> list[Row]:
     """Per tuned shape, the untimed default and the ``top`` fastest candidates the tuner timed
     (CUDA-graph replays), to set the defaults from."""
-    from kernels.triton.gemm import TIMED
+    from bringup_kernels.triton.gemm import TIMED
 
     def shape(key: tuple) -> str:
         bucket, n, k, out_dtype = key[:4]

@@ -96,7 +96,7 @@ def no_gpu_reason() -> str | None:
 
 def usable_backends(names: Iterable[str], family: str) -> list[str]:
     """The backends among ``names`` that can run here; says on stderr why each other one cannot."""
-    from kernels import backend_env
+    from bringup_kernels import backend_env
 
     here = []
     for name in names:
@@ -119,8 +119,8 @@ def environment() -> dict[str, str]:
 def direct_launch(on: bool) -> Iterator[bool]:
     """Triton kernels launched directly after each key's first call (``ENGINE_OPS_DIRECT_LAUNCH``)
     or always through Triton, inside the block; yields whether the direct launch is in force
-    (it may be refused here: see :func:`kernels.backend_env.direct_launch_reason`)."""
-    from kernels import backend_env, registry
+    (it may be refused here: see :func:`bringup_kernels.backend_env.direct_launch_reason`)."""
+    from bringup_kernels import backend_env, registry
 
     with registry.environment({"ENGINE_OPS_DIRECT_LAUNCH": "1" if on else "0"}):
         yield backend_env.direct_launch_reason() is None

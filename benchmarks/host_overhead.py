@@ -11,7 +11,7 @@ five such loops. Each backend of the op that can run here is timed twice: throug
 (``op(...)``, what the engine pays) and as the backend's function called directly; the
 difference is the registry's dispatch. Kernel configurations are the untimed defaults
 (``ENGINE_OPS_TUNE=0``). The Triton backend is timed twice more with its kernels launched
-directly after their first call (``ENGINE_OPS_DIRECT_LAUNCH=1``, :mod:`kernels.triton.launch`),
+directly after their first call (``ENGINE_OPS_DIRECT_LAUNCH=1``, :mod:`bringup_kernels.triton.launch`),
 where Triton's version allows it.
 
 ``--wrappers`` (no GPU needed; prints, writes nothing): the Triton backend's own Python, the
@@ -44,7 +44,7 @@ from .harness import Row
 BACKENDS = ("triton", "tilelang", "deep_gemm", "flash_mla")
 GOAL_US = 15.0
 LOOPS = 5
-TRITON_MODULES = ("kernels.triton.gemm", "kernels.triton.quant", "kernels.triton.norm", "kernels.triton.attn")
+TRITON_MODULES = ("bringup_kernels.triton.gemm", "bringup_kernels.triton.quant", "bringup_kernels.triton.norm", "bringup_kernels.triton.attn")
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], None] | None = None) -> float:
@@ -65,7 +65,7 @@ def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], No
 
 def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple, dict]]]]:
     """``(op, shape, make_inputs)`` at one decode token's shapes (DeepSeek-V3 sizes) on ``device``."""
-    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
     from .ops import decode_inputs
 
@@ -88,8 +88,8 @@ def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple
 
 def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]], backend: str, calls: int) -> Row:
     """One backend of one op: host cost through the registry and directly, and the GPU's time."""
-    from kernels import registry
-    from kernels.registry import UnsupportedCall
+    from bringup_kernels import registry
+    from bringup_kernels.registry import UnsupportedCall
 
     op = registry.get(op_name)
     args, kwargs = make()
@@ -143,7 +143,7 @@ def launches_removed() -> Iterator[None]:
 
 def wrapper_rows(calls: int) -> list[Row]:
     """The Triton backend's Python per call, launches removed, on CPU tensors (see the module doc)."""
-    from kernels import registry
+    from bringup_kernels import registry
 
     rows = []
     with launches_removed():
@@ -162,7 +162,7 @@ def wrapper_rows(calls: int) -> list[Row]:
 
 def profile_triton_calls(calls: int, device: str) -> None:
     """Print where each op's Triton call through the registry spends the host's time."""
-    from kernels import registry
+    from bringup_kernels import registry
 
     from .call_profile import format_costs, profile_calls
 
@@ -181,7 +181,7 @@ def profile_triton_calls(calls: int, device: str) -> None:
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "0"
     backends = harness.usable_backends(BACKENDS, "host_overhead")
-    from kernels import registry
+    from bringup_kernels import registry
 
     rows = []
     for op_name, shape, make in cases():

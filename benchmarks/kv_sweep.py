@@ -2,7 +2,7 @@
 ``python -m benchmarks.kv_sweep [--top N]`` (prints, writes nothing; ``--top 0`` times the defaults alone).
 
 At the memory-bound benchmark's size (65536 rows scattered over a paged cache, bf16 and FP8
-cache), every candidate of :func:`kernels.triton.kv.store_candidates` (rows per block, warps,
+cache), every candidate of :func:`bringup_kernels.triton.kv.store_candidates` (rows per block, warps,
 blocks per program and the loop's pipeline depth) writes a zeroed cache, is checked bitwise
 against the reference (the op's outputs are exact), and is timed (median of ``do_bench``). Per
 cache the ``--top`` fastest are printed beside the default with their share of the copy bandwidth;
@@ -27,7 +27,7 @@ def _exact(got, expected) -> bool:
 
 def candidate_row(label: str, args: tuple, kwargs: dict, config, expected, nbytes: int) -> tuple[float, Row]:
     """``(ms, row)`` of one configuration; ``ms`` is infinite when it failed or was wrong."""
-    from kernels.triton.kv import store_with
+    from bringup_kernels.triton.kv import store_with
 
     latent, rope, cache, slots = args
     scale = kwargs.get("scale")
@@ -45,8 +45,8 @@ def candidate_row(label: str, args: tuple, kwargs: dict, config, expected, nbyte
 
 
 def measure(args) -> list[Row]:
-    from kernels import registry
-    from kernels.triton.kv import store_candidates
+    from bringup_kernels import registry
+    from bringup_kernels.triton.kv import store_candidates
 
     op = registry.get("kv.store")
     rows = harness.LiveRows()

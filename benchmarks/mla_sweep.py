@@ -3,8 +3,8 @@
 
 At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 and with an FP8
 cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
-:func:`kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
-stages) runs with the split count :func:`~kernels.triton.attn.decode_splits` gives its heads per
+:func:`bringup_kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
+stages) runs with the split count :func:`~bringup_kernels.triton.attn.decode_splits` gives its heads per
 program, is checked against the reference with the op's tolerance, and is timed (median of
 ``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
 the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
@@ -13,7 +13,7 @@ shared memory) is a row with the reason.
 Then the split count at short contexts, where a call is latency-bound and the splits are what
 puts the SMs to work: at 16 heads and 16-slot pages, batch 1 and 32 with 200 and 1024 of a
 table's 272 and 1040 tokens (the decode profile's and a longer one), the default configuration
-at 1, 2, 4, 8 and 16 splits and at :func:`~kernels.triton.attn.decode_splits`' count (marked),
+at 1, 2, 4, 8 and 16 splits and at :func:`~bringup_kernels.triton.attn.decode_splits`' count (marked),
 each checked against the reference and timed as CUDA-graph replays (launch cost hidden, as in
 the engine's decode graphs), beside the chosen count.
 """
@@ -36,7 +36,7 @@ SHORT = ((1, 200, 272), (32, 200, 272), (1, 1024, 1040), (32, 1024, 1040))  # ba
 def candidate_row(label: str, make_args, config, splits: int, reference: torch.Tensor, tolerance, bytes_moved: int,
                   flops: float) -> tuple[float, Row]:
     """``(ms, row)`` of one configuration; ``ms`` is infinite when it failed or was wrong."""
-    from kernels.triton.attn import mla_decode_splits
+    from bringup_kernels.triton.attn import mla_decode_splits
 
     (q, cache, tables, lens, scale, rank), kwargs = make_args
     name = f"mla_decode h{config.block_h} n{config.block_n} w{config.num_warps} s{config.num_stages}"
@@ -61,10 +61,10 @@ def candidate_row(label: str, make_args, config, splits: int, reference: torch.T
 
 
 def measure(args) -> list[Row]:
-    from kernels import registry
-    from kernels.tolerance import tolerance_for
-    from kernels.triton.attn import decode_candidates, decode_splits
-    from kernels.triton.common import num_sms
+    from bringup_kernels import registry
+    from bringup_kernels.tolerance import tolerance_for
+    from bringup_kernels.triton.attn import decode_candidates, decode_splits
+    from bringup_kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
     rows = harness.LiveRows()
@@ -87,10 +87,10 @@ def measure(args) -> list[Row]:
 
 def split_rows() -> list[Row]:
     """The split counts at the short-context shapes, the chosen count first per shape."""
-    from kernels import registry
-    from kernels.tolerance import tolerance_for
-    from kernels.triton.attn import decode_splits, mla_decode_splits
-    from kernels.triton.common import num_sms
+    from bringup_kernels import registry
+    from bringup_kernels.tolerance import tolerance_for
+    from bringup_kernels.triton.attn import decode_splits, mla_decode_splits
+    from bringup_kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
     rows = harness.LiveRows()

@@ -74,7 +74,7 @@ def fp8_checkpoint(model_dir: Path, out_dir: Path | None = None) -> Path:
     config.json. Reused when complete: config.json is written last."""
     from safetensors.torch import load_file, save_file
 
-    from kernels.ops.quant import quantize_weight
+    from bringup_kernels.ops.quant import quantize_weight
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = out_dir or model_dir.with_name(model_dir.name + "-fp8")

@@ -58,9 +58,9 @@ def expert_groups(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tens
 
 def parts(x, weights, w13, w2, s13, s2, groups):
     """The fused op's result computed by the separate ops, one expert at a time."""
-    from kernels.triton.act import swiglu, swiglu_quant
-    from kernels.triton.gemm import fp8_block
-    from kernels.triton.quant import act_quant
+    from bringup_kernels.triton.act import swiglu, swiglu_quant
+    from bringup_kernels.triton.gemm import fp8_block
+    from bringup_kernels.triton.quant import act_quant
 
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     if s13 is not None:
@@ -78,7 +78,7 @@ def parts(x, weights, w13, w2, s13, s2, groups):
 
 def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
-    from kernels.triton.experts import fused_experts
+    from bringup_kernels.triton.experts import fused_experts
 
     copy, gemm = harness.copy_bandwidth(), harness.fp8_gemm_flops()
     rows = harness.LiveRows()

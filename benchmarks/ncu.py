@@ -57,7 +57,7 @@ def _call(case: str):
     """The op call of ``case`` with its benchmark inputs (a zero-argument callable)."""
     module, label, shape = CASES[case]
     if module == "ops":
-        from kernels import registry
+        from bringup_kernels import registry
 
         from .ops import _cases
 
@@ -66,7 +66,7 @@ def _call(case: str):
         args, kwargs = make()
         return lambda: impl(*args, **kwargs)
     os.environ["ENGINE_OPS_TUNE"] = "0"
-    from kernels.triton.gemm import fp8_block
+    from bringup_kernels.triton.gemm import fp8_block
 
     from .gemm import operands
 

@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
-from kernels import registry
-from kernels.ops.quant import FP8
-from kernels.ops.rope import cos_sin_cache
+from bringup_kernels import registry
+from bringup_kernels.ops.quant import FP8
+from bringup_kernels.ops.rope import cos_sin_cache
 
 from . import harness
 from .harness import Row

@@ -36,14 +36,14 @@ PAGE = 64
 @contextlib.contextmanager
 def backend_for(op_name: str, backend: str):
     """``op_name`` resolved to ``backend`` through the registry's per-op variable, for the block."""
-    from kernels import registry
+    from bringup_kernels import registry
 
     with registry.ops_on({op_name: backend}):
         yield registry.get(op_name)
 
 
 def available(backend: str) -> bool:
-    from kernels import backend_env
+    from bringup_kernels import backend_env
 
     reason = backend_env.unavailable_reason(backend)
     if reason:
@@ -52,7 +52,7 @@ def available(backend: str) -> bool:
 
 
 def decode_rows(copy: float, with_flash_mla: bool) -> list[Row]:
-    from kernels import registry
+    from bringup_kernels import registry
 
     op = registry.get("attn.mla_decode")
     backends = ["triton"] + (["flash_mla"] if with_flash_mla else [])
@@ -108,7 +108,7 @@ def flash_mla_direct_rows() -> list[Row]:
 def deep_gemm_direct_rows() -> list[Row]:
     import deep_gemm
 
-    from kernels.vendor.layouts import mn_major_tma_aligned
+    from bringup_kernels.vendor.layouts import mn_major_tma_aligned
 
     rows = []
     with backend_for("gemm.fp8_block", "deep_gemm") as op:

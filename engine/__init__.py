@@ -1,4 +1,4 @@
-"""A small DeepSeek-V3 inference engine whose math runs through the ``kernels`` ops registry.
+"""A small DeepSeek-V3 inference engine whose math runs through the ``bringup_kernels`` ops registry.
 
     from engine import LLM, SamplingParams
     llm = LLM("path/to/checkpoint", dtype="float32", device="cpu")

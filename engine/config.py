@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from common.files import JsonFileError, load_json
-from kernels.ops.rope import yarn_mscale
+from bringup_kernels.ops.rope import yarn_mscale
 
 from .checkpoint import CheckpointError, check_tensors
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops import sample
+from bringup_kernels.ops import sample
 
 from .sequence import Sequence
 

@@ -5,8 +5,8 @@
 # default all, in this order) picks the steps:
 #   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
 #              EP over NCCL, graph replay; TESTS_LIMIT seconds, default 300)
-#   probe      python -m kernels.triton_probe (7 Triton feature checks, PTX target)
-#   ab         python -m kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
+#   probe      python -m bringup_kernels.triton_probe (7 Triton feature checks, PTX target)
+#   ab         python -m bringup_kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
 #              AB_LIMIT seconds, default 240)
 #   e2e        invoke e2e on the local image: one rank per GPU, NCCL, tiny checkpoint, answer key
 #              (python -m engine.launch when invoke is missing)
@@ -30,7 +30,7 @@
 # The vendor backends (deep_gemm, flash_mla: build the extensions first and put their folders on
 # PYTHONPATH; the header line "vendor backends" says whether each is eligible here):
 #   vendor-tests   pytest -m gpu tests/test_vendor_gpu.py (each backend against the reference)
-#   vendor-ab      python -m kernels.ab --full --backend deep_gemm, then --backend flash_mla
+#   vendor-ab      python -m bringup_kernels.ab --full --backend deep_gemm, then --backend flash_mla
 #   vendor-bench   python -m benchmarks.gemm and benchmarks.vendor (side by side, direct vs registry;
 #                  gemm only when the bench step does not run it)
 #   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
@@ -43,7 +43,7 @@
 # scripts/tilelang_bundle.py in .tilelang/, unpacked first into TILELANG_SITE, default
 # /tmp/tilelang-site; the header line "library backend tilelang" says whether it is eligible):
 #   tilelang-tests pytest -m gpu tests/test_tilelang_gpu.py and the sm_90a compile test
-#   tilelang-ab    python -m kernels.ab --backend tilelang, quick cases then --full
+#   tilelang-ab    python -m bringup_kernels.ab --backend tilelang, quick cases then --full
 #   tilelang-bench python -m benchmarks.backends (Triton vs TileLang vs vendor per kernel, with the ratio)
 #   tilelang       all three (TILELANG_LIMIT seconds per step, default 900)
 # A folder .whl of wheels in the repo root (e.g. invoke) is installed into /tmp/site first.
@@ -79,7 +79,7 @@ step() {  # step NAME LIMIT_SECONDS CMD...
 
 nvidia-smi -L | tee "$OUT/gpu.txt"
 $PY -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
-$PY -c 'from kernels import backend_env as b
+$PY -c 'from bringup_kernels import backend_env as b
 for n in b.VENDOR: print("vendor backend", n + ":", b.unavailable_reason(n) or "eligible")
 for n in b.LIBRARIES: print("library backend", n + ":", b.unavailable_reason(n) or "eligible", b.library_info(b.BACKENDS[n].library)["version"])' | tee -a "$OUT/gpu.txt"
 
@@ -100,8 +100,8 @@ want vendor-tests && elsewhere+=(--ignore=tests/test_vendor_gpu.py)
 want tilelang-tests && elsewhere+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests "${TESTS_LIMIT:-300}" $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${elsewhere[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
-want probe && step probe 60 $PY -m kernels.triton_probe --json "$OUT/probe.json"
-want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
+want probe && step probe 60 $PY -m bringup_kernels.triton_probe --json "$OUT/probe.json"
+want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m bringup_kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
   if command -v invoke >/dev/null; then
     step e2e 150 invoke e2e --artifacts "$OUT/artifacts"
@@ -128,7 +128,7 @@ want sweep && [[ $SWEEPS == *,gemm,* ]] && step gemm-tuned "${SWEEP_LIMIT:-300}"
 VLIMIT=${VENDOR_LIMIT:-420}
 want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py
 for backend in deep_gemm flash_mla; do
-  want vendor-ab && ENGINE_OPS_TUNE=0 step "ab-$backend" "$VLIMIT" $PY -m kernels.ab --full --backend $backend --json "$OUT/ab-$backend.json"
+  want vendor-ab && ENGINE_OPS_TUNE=0 step "ab-$backend" "$VLIMIT" $PY -m bringup_kernels.ab --full --backend $backend --json "$OUT/ab-$backend.json"
 done
 for family in gemm vendor; do  # gemm measures every backend: skipped here when the bench step ran it
   want bench && [[ ,$BENCH, == *,$family,* ]] && continue
@@ -140,8 +140,8 @@ want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY
 TLIMIT=${TILELANG_LIMIT:-900}
 want tilelang-tests && ENGINE_OPS_TUNE=0 step tilelang-tests "$TLIMIT" $PY -m pytest -q -rfEs -m "gpu or slow" -p no:cacheprovider \
   tests/test_tilelang_gpu.py tests/test_tilelang_compile.py
-want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang-quick "$TLIMIT" $PY -m kernels.ab --backend tilelang --json "$OUT/ab-tilelang-quick.json"
-want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang "$TLIMIT" $PY -m kernels.ab --full --backend tilelang --json "$OUT/ab-tilelang.json"
+want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang-quick "$TLIMIT" $PY -m bringup_kernels.ab --backend tilelang --json "$OUT/ab-tilelang-quick.json"
+want tilelang-ab && ENGINE_OPS_TUNE=0 step ab-tilelang "$TLIMIT" $PY -m bringup_kernels.ab --full --backend tilelang --json "$OUT/ab-tilelang.json"
 want tilelang-bench && step bench-backends "$TLIMIT" $PY -m benchmarks.backends --out "$OUT/performance.md"
 want profile && step profile 330 $PY -m benchmarks.profile_decode --out "$OUT/profile.md"
 [ -n "${PROFILE_PLAIN:-}" ] && want profile && \

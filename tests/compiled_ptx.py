@@ -1,4 +1,4 @@
-"""The PTX that ops' Triton kernels compile to for a GPU that is not here (kernels.compile_report in
+"""The PTX that ops' Triton kernels compile to for a GPU that is not here (bringup_kernels.compile_report in
 a fresh interpreter, where Triton compiles rather than interprets), and the mark that skips a test
 where Triton has no CUDA backend tools to compile with."""
 
@@ -18,7 +18,7 @@ TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 needs_cuda_tools = pytest.mark.skipif(not (TOOLS / "ptxas").is_file() or not (TOOLS / "cuobjdump").is_file(),
                                       reason="this Triton has no CUDA backend tools (ptxas, cuobjdump)")
 SCRIPT = """
-import json, sys, triton, kernels.compile_report as report
+import json, sys, triton, bringup_kernels.compile_report as report
 ptx = []
 compile = triton.compile
 def keep(*args, **kwargs):

@@ -37,7 +37,7 @@ def fresh_registry(monkeypatch):
     """The ops registry with no op resolved and no call counted, before and after the test, and
     no backend chosen by the environment (every ENGINE_OPS_BACKEND*, ENGINE_OPS_STRICT and the
     test-only perturbation unset; ENGINE_OPS_TUNE is left as the caller set it)."""
-    from kernels import perturb, registry
+    from bringup_kernels import perturb, registry
 
     for name in list(os.environ):
         if name.startswith("ENGINE_OPS_BACKEND") or name in ("ENGINE_OPS_STRICT", perturb.ENV):

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.tiny.random_checkpoint import random_model  # noqa: F401 - the tests' random weights
-from kernels import registry
-from kernels.ops.quant import quantize_weight, weight_dequant_reference
+from bringup_kernels import registry
+from bringup_kernels.ops.quant import quantize_weight, weight_dequant_reference
 
 VOCAB = 300
 
@@ -142,7 +142,7 @@ def _gate_margin(scores: torch.Tensor, n_group: int, topk_group: int, top_k: int
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``max|a - b| / max|b|`` (the project's tolerance measure, see kernels/tolerance.py)."""
+    """``max|a - b| / max|b|`` (the project's tolerance measure, see bringup_kernels/tolerance.py)."""
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 

@@ -1,4 +1,4 @@
-"""kernels.ab across backends, on the CPU: an unavailable vendor backend is reported, not failed;
+"""bringup_kernels.ab across backends, on the CPU: an unavailable vendor backend is reported, not failed;
 ``--all-backends`` dumps each backend in its own folder and ``--compare`` takes each backend's
 own; the ab stage (real runner) dumps every available backend; the diff compares backend against
 backend within an image and each backend across images. The multi-backend machinery runs here
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from kernels import ab, backend_env
+from bringup_kernels import ab, backend_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def test_an_unavailable_vendor_backend_is_reported_not_failed(tmp_path):
     reason = backend_env.unavailable_reason("deep_gemm")
     if reason is None:
         pytest.skip("deep_gemm is available here")
-    proc = _python(["-m", "kernels.ab", "--backend", "deep_gemm", "--json", str(tmp_path / "r.json")])
+    proc = _python(["-m", "bringup_kernels.ab", "--backend", "deep_gemm", "--json", str(tmp_path / "r.json")])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.strip().splitlines()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from kernels import ab
+from bringup_kernels import ab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_one_changed_element_fails_naming_op_case_and_index(dump_copy, capsys):
 
 def _compare_in_subprocess(dump: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    return subprocess.run([sys.executable, "-m", "kernels.ab", "--ops", "norm", "--compare", str(dump)],
+    return subprocess.run([sys.executable, "-m", "bringup_kernels.ab", "--ops", "norm", "--compare", str(dump)],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -50,7 +50,7 @@ def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeyp
     """The row logic on CPU tensors (Triton under the interpreter); the GPU's own timing and
     synchronization are replaced, since no device is here."""
     from benchmarks import host_overhead
-    from kernels import registry
+    from bringup_kernels import registry
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: (fn(), 0.0)[1])
@@ -77,7 +77,7 @@ def test_host_overhead_makes_a_failing_backend_a_row(monkeypatch):
 
 def test_host_overhead_wrappers_time_every_op_and_restore_the_kernels(capsys):
     from benchmarks import host_overhead
-    from kernels.triton import gemm, norm
+    from bringup_kernels.triton import gemm, norm
 
     kernels_before = (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel)
     rows = host_overhead.wrapper_rows(calls=3)
@@ -231,7 +231,7 @@ def test_fp8_copy_of_a_checkpoint_quantizes_the_aligned_projections_and_loads(tm
     from safetensors.torch import load_file
 
     from engine import LLM, SamplingParams
-    from kernels.ops.quant import weight_dequant_reference
+    from bringup_kernels.ops.quant import weight_dequant_reference
 
     config = tiny_config(hidden_size=128, intermediate_size=256, moe_intermediate_size=96, q_lora_rank=128,
                          num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=128, qk_nope_head_dim=48, v_head_dim=64)
@@ -265,7 +265,7 @@ def test_backend_rows_check_each_output_and_ratio_to_triton(monkeypatch):
     backend's output is checked against the reference and its time ratioed to Triton's; a
     declined call and a failing backend are rows that say so."""
     from benchmarks import backends
-    from kernels import backend_env, registry
+    from bringup_kernels import backend_env, registry
 
     op = registry.get("quant.act_quant")
     real_load, real_reason = op.load, backend_env.unavailable_reason
@@ -301,7 +301,7 @@ def test_gemm_tuner_rows_rank_the_timed_candidates_against_the_default(monkeypat
     """With --tune the GEMM benchmark lists, per tuned shape, the fastest candidates beside the
     untimed default (its time, or that it failed to run)."""
     from benchmarks import gemm as gemm_bench
-    from kernels.triton import gemm
+    from bringup_kernels.triton import gemm
 
     configs = gemm.candidates(64, 2112, 7168, 132, tma=True)
     default, others = configs[0], configs[1:4]
@@ -370,7 +370,7 @@ def test_the_dense_benchmark_refuses_row_counts_outside_its_kernel(rows, capsys)
 
 def test_dense_tuner_rows_name_heads_and_weight_dtype_in_microseconds(monkeypatch):
     from benchmarks import dense as dense_bench
-    from kernels.triton import dense
+    from bringup_kernels.triton import dense
 
     configs = dense.candidates(16, 16, 512, 128, 132)
     timed = [(0.002, configs[1]), (0.003, configs[0])]

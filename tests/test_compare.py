@@ -1,4 +1,4 @@
-"""kernels.compare: exact outputs bit for bit, others within tolerance over finite values, and
+"""bringup_kernels.compare: exact outputs bit for bit, others within tolerance over finite values, and
 inf/NaN only where both sides carry the same bits."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.compare import CLOSE, DIFFERS, EQUAL, compare
+from bringup_kernels.compare import CLOSE, DIFFERS, EQUAL, compare
 
 INF, NAN = float("inf"), float("nan")
 

@@ -1,4 +1,4 @@
-"""``python -m kernels.compile_report`` on this CPU machine: the Triton kernels of an op compiled for
+"""``python -m bringup_kernels.compile_report`` on this CPU machine: the Triton kernels of an op compiled for
 sm_90 with Triton's own ptxas (registers, spills, shared memory, how loads and dots compile, what
 an iteration of the main loop costs), and its refusals (an unknown op, the interpreter switched on)."""
 
@@ -23,7 +23,7 @@ def report(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-m", "kernels.compile_report", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "bringup_kernels.compile_report", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -68,7 +68,7 @@ def test_compiled_fp8_codes_saturate_in_the_conversion_itself():
 
 
 def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
-    from kernels.compile_report import loop_cost
+    from bringup_kernels.compile_report import loop_cost
 
     sass = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import ab, registry
-from kernels.cases import generator
-from kernels.ops.gemm import dense_reference
-from kernels.tolerance import tolerance_for
+from bringup_kernels import ab, registry
+from bringup_kernels.cases import generator
+from bringup_kernels.ops.gemm import dense_reference
+from bringup_kernels.tolerance import tolerance_for
 
 triton = pytest.importorskip("triton")
-from kernels.triton import dense as dense_kernels  # noqa: E402 - needs Triton
+from bringup_kernels.triton import dense as dense_kernels  # noqa: E402 - needs Triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (PDL) of the Triton kernels: when it is on and why not
-(kernels/backend_env.py), the ``PDL`` argument and Triton's ``launch_pdl`` option that every
-kernel launched through kernels/triton/launch.py is given, the wait that starts each kernel's
+(bringup_kernels/backend_env.py), the ``PDL`` argument and Triton's ``launch_pdl`` option that every
+kernel launched through bringup_kernels/triton/launch.py is given, the wait that starts each kernel's
 compiled code for sm_90 (none for sm_80), and on a GPU: chains of dependent kernels, eager and
 replayed in a CUDA graph, give the bits the plain launches give."""
 
@@ -15,10 +15,10 @@ import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-import kernels
-from kernels import backend_env
-from kernels.triton import launch
-from kernels.triton.launch import DirectLaunch
+import bringup_kernels
+from bringup_kernels import backend_env
+from bringup_kernels.triton import launch
+from bringup_kernels.triton.launch import DirectLaunch
 
 from compiled_ptx import compiled_ptx, needs_cuda_tools
 
@@ -55,11 +55,11 @@ def test_every_directly_launched_kernel_takes_the_pdl_argument():
     that DirectLaunch wraps has the parameter and calls await_inputs first."""
     import inspect
 
-    import kernels.triton as package
+    import bringup_kernels.triton as package
 
     wrapped = []
     for path in sorted(Path(package.__file__).parent.glob("*.py")):
-        module = __import__(f"kernels.triton.{path.stem}", fromlist=["_"])
+        module = __import__(f"bringup_kernels.triton.{path.stem}", fromlist=["_"])
         for name, value in vars(module).items():
             if isinstance(value, DirectLaunch) and value.fn.fn.__module__ == module.__name__:
                 wrapped.append(name)
@@ -74,7 +74,7 @@ def test_why_kernels_do_not_launch_as_dependents_is_reported(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_PDL", "0")
     backend_env.reset()
     assert backend_env.dependent_launch_reason() == "off (ENGINE_OPS_PDL=0)"
-    assert kernels.report()["dependent_launch"] == {"enabled": False, "reason": "off (ENGINE_OPS_PDL=0)"}
+    assert bringup_kernels.report()["dependent_launch"] == {"enabled": False, "reason": "off (ENGINE_OPS_PDL=0)"}
     monkeypatch.delenv("ENGINE_OPS_PDL")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     backend_env.reset()
@@ -109,7 +109,7 @@ def test_dependent_launches_give_the_plain_launches_bits_on_gpu(monkeypatch):
     """A chain of 24 layers of norm -> one-row GEMM -> SwiGLU -> GEMM with the residual add (each
     kernel reads what the one before wrote), eager and replayed in a CUDA graph on new inputs:
     with PDL the same bits as plain launches."""
-    from kernels.ops import act, gemm, norm
+    from bringup_kernels.ops import act, gemm, norm
 
     if backend_env.dependent_launch_reason() is not None:
         pytest.skip(f"no programmatic dependent launch here: {backend_env.dependent_launch_reason()}")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.ab import compare_dumps
-from kernels.compare import EQUAL
+from bringup_kernels.ab import compare_dumps
+from bringup_kernels.compare import EQUAL
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_MATRIX = REPO / "tests" / "data" / "pipeline" / "matrix.yaml"

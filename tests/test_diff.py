@@ -1,8 +1,8 @@
 """The cross-image diff on artifact folders built from real data.
 
-The A/B dumps come from ``python -m kernels.ab --dump`` run with the Triton backend (under
+The A/B dumps come from ``python -m bringup_kernels.ab --dump`` run with the Triton backend (under
 TRITON_INTERPRET=1) and with the torch backend; the other stage files are written here in the
-documented artifact format (the verify/e2e payloads are real ``kernels.report()`` outputs).
+documented artifact format (the verify/e2e payloads are real ``bringup_kernels.report()`` outputs).
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ def _python(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory):
-    """Per backend: an A/B dump folder (with results.json) and the kernels.report() of that setting."""
+    """Per backend: an A/B dump folder (with results.json) and the bringup_kernels.report() of that setting."""
     root = tmp_path_factory.mktemp("ab")
     runs = {}
     for backend, env in (("triton", {"ENGINE_OPS_BACKEND": "triton"}),
                          ("torch", {"ENGINE_OPS_BACKEND": "torch", "ENGINE_OPS_BACKEND_ACT_SWIGLU": "deepgemm"})):
         dump = root / backend / "ab"
-        proc = _python(["-m", "kernels.ab", "--ops", OPS, "--quick", "--backend", backend, "--dump", str(dump),
+        proc = _python(["-m", "bringup_kernels.ab", "--ops", OPS, "--quick", "--backend", backend, "--dump", str(dump),
                         "--json", str(dump / "results.json")], env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        report = _python(["-c", "import json, kernels; print(json.dumps(kernels.report()))"], env)
+        report = _python(["-c", "import json, kernels; print(json.dumps(bringup_kernels.report()))"], env)
         assert report.returncode == 0, report.stderr
         runs[backend] = (dump, json.loads(report.stdout))
     return runs
@@ -67,7 +67,7 @@ def make_generations(rng: random.Random, prompts: int) -> list[dict]:
 
 def write_image(artifacts: Path, image: str, ab_dump: Path, ops_report: dict, generations: list[dict], world_size: int = 2) -> Path:
     """An artifact folder in the documented format, with a real dump and a real ops report."""
-    from kernels.versions import probe
+    from bringup_kernels.versions import probe
 
     root = artifacts / image
     shutil.copytree(ab_dump, root / "ab")
@@ -158,7 +158,7 @@ def test_torch_backend_run_shows_per_op_differences_and_classified_divergences(t
     # Kernel outputs: every case compared, numbers as computed straight from the dump files.
     (kernels,) = result.kernels
     assert result.kernel_failures() == 0
-    by_op = kernels.by_op()
+    by_op = bringup_kernels.by_op()
     direct = _max_rel(tmp_path / "torchref" / "ab", tmp_path / "local" / "ab")
     assert set(by_op) == set(direct)
     for op, worst in direct.items():
@@ -186,7 +186,7 @@ def test_torch_backend_run_shows_per_op_differences_and_classified_divergences(t
 
 
 def test_a_kernel_beyond_tolerance_fails_the_diff(tmp_path, real_runs):
-    from kernels.dump import DumpWriter, read
+    from bringup_kernels.dump import DumpWriter, read
 
     generations = make_generations(random.Random(5), 3)
     write_image(tmp_path, "local", real_runs["triton"][0], real_runs["triton"][1], generations)
@@ -213,7 +213,7 @@ def test_a_kernel_beyond_tolerance_fails_the_diff(tmp_path, real_runs):
 
 
 def test_a_case_dumped_by_one_side_only_is_not_identical(tmp_path, real_runs):
-    from kernels.dump import DumpWriter, read
+    from bringup_kernels.dump import DumpWriter, read
 
     generations = make_generations(random.Random(8), 3)
     write_image(tmp_path, "local", real_runs["triton"][0], real_runs["triton"][1], generations)
@@ -284,7 +284,7 @@ def test_invoke_diff_arguments_are_checked(tmp_path, real_runs, capsys):
 
 
 def test_artifacts_with_nothing_to_compare_are_not_called_identical(tmp_path):
-    from kernels.versions import probe
+    from bringup_kernels.versions import probe
 
     versions = probe()
     for image in ("local", "vendor"):

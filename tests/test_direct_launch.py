@@ -1,4 +1,4 @@
-"""The direct launch of compiled Triton kernels (kernels/triton/launch.py): its keys are at least
+"""The direct launch of compiled Triton kernels (bringup_kernels/triton/launch.py): its keys are at least
 as fine as Triton's own specialization (checked against Triton's native specializer), its bound
 arguments are what Triton's binder passes the launcher, the first call of each key goes through
 Triton and later ones launch directly, and every case it does not key goes through Triton. On a
@@ -16,10 +16,10 @@ import triton.language as tl
 from triton.backends.compiler import BaseBackend
 from triton.runtime.jit import JITFunction, create_function_from_signature, native_specialize_impl
 
-import kernels
-from kernels import backend_env
-from kernels.triton import launch
-from kernels.triton.launch import DirectLaunch, argument_key
+import bringup_kernels
+from bringup_kernels import backend_env
+from bringup_kernels.triton import launch
+from bringup_kernels.triton.launch import DirectLaunch, argument_key
 
 
 def _sample(x_ptr, y_ptr, n_rows, scale, flag, maybe, BLOCK: tl.constexpr, MODE: tl.constexpr = 3, EXTRA: tl.constexpr = None):
@@ -187,7 +187,7 @@ def test_why_kernels_do_not_launch_directly_is_reported(monkeypatch):
     monkeypatch.delenv("ENGINE_OPS_DIRECT_LAUNCH", raising=False)
     backend_env.reset()
     assert backend_env.direct_launch_reason() == "off (ENGINE_OPS_DIRECT_LAUNCH=1 turns it on)"
-    assert kernels.report()["direct_launch"] == {"enabled": False, "reason": "off (ENGINE_OPS_DIRECT_LAUNCH=1 turns it on)"}
+    assert bringup_kernels.report()["direct_launch"] == {"enabled": False, "reason": "off (ENGINE_OPS_DIRECT_LAUNCH=1 turns it on)"}
     monkeypatch.setenv("ENGINE_OPS_DIRECT_LAUNCH", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     backend_env.reset()
@@ -208,8 +208,8 @@ def test_why_kernels_do_not_launch_directly_is_reported(monkeypatch):
 def test_direct_launches_give_tritons_bits_on_gpu(monkeypatch):
     """Each op twice with the direct launch (the second call launches directly) against the same
     op through Triton, on fresh inputs, aligned and misaligned (a view one element in)."""
-    from kernels.ops import attn, gemm, norm, quant
-    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.ops import attn, gemm, norm, quant
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
     from benchmarks.ops import decode_inputs
 
@@ -232,7 +232,7 @@ def test_direct_launches_give_tritons_bits_on_gpu(monkeypatch):
         ops = calls(seed, offset)
         reference = outputs(False, ops)
         direct = outputs(True, ops)
-        assert kernels.report()["direct_launch"]["enabled"]
+        assert bringup_kernels.report()["direct_launch"]["enabled"]
         for (ref_first, ref_second), (first, second) in zip(reference, direct):
             for r, d in ((ref_first, first), (ref_second, second)):
                 for rt, dt in zip(r if isinstance(r, tuple) else (r,), d if isinstance(d, tuple) else (d,)):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from engine_checkpoints import torch_backend_one_thread
 
-from kernels.ops import act, attn, kv, moe
-from kernels.ops.gemm import fp8_block_reference
-from kernels.ops.quant import act_quant_reference, quantize_weight
+from bringup_kernels.ops import act, attn, kv, moe
+from bringup_kernels.ops.gemm import fp8_block_reference
+from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -33,7 +33,7 @@ from engine_checkpoints import (
 )
 
 from engine import LLM, SamplingParams
-from kernels import registry
+from bringup_kernels import registry
 
 STEPS = 32
 FP32_RTOL = 1e-4

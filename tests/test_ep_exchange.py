@@ -100,7 +100,7 @@ def single_process_reference() -> dict[tuple[int, int], dict]:
     os.environ["ENGINE_OPS_BACKEND"] = "torch"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    from kernels import registry
+    from bringup_kernels import registry
 
     registry.reset()
     try:

@@ -13,14 +13,14 @@ import pytest
 import torch
 from engine_checkpoints import rel_err
 
-from kernels.cases import generator
-from kernels.ops.attn import mla_decode_reference, mla_prefill_reference
-from kernels.ops.kv import store_reference
-from kernels.ops.moe import fused_experts_reference
-from kernels.ops.quant import FP8, quantize_weight
+from bringup_kernels.cases import generator
+from bringup_kernels.ops.attn import mla_decode_reference, mla_prefill_reference
+from bringup_kernels.ops.kv import store_reference
+from bringup_kernels.ops.moe import fused_experts_reference
+from bringup_kernels.ops.quant import FP8, quantize_weight
 
 triton = pytest.importorskip("triton")
-from kernels.triton import attn, experts, kv  # noqa: E402 - needs Triton
+from bringup_kernels.triton import attn, experts, kv  # noqa: E402 - needs Triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -74,7 +74,7 @@ def test_fused_experts_fp8_weights_match_the_composed_ops(scale_fmt):
     args[1][0, 1] = -1
     out = experts.fused_experts(*args, scale_fmt=scale_fmt)
     ref = fused_experts_reference(*args, scale_fmt=scale_fmt)
-    assert rel_err(out, ref) <= 3e-2  # the op's FP8 tolerance: requantized activations (kernels/ops/moe.py)
+    assert rel_err(out, ref) <= 3e-2  # the op's FP8 tolerance: requantized activations (bringup_kernels/ops/moe.py)
 
 
 def test_fused_experts_is_deterministic_and_config_independent():
@@ -281,7 +281,7 @@ def test_engine_on_triton_kernels_matches_the_torch_backend(tmp_path, monkeypatc
     from engine_checkpoints import random_model, run_steps, save_checkpoint, tiny_config
 
     from engine import LLM, SamplingParams
-    from kernels import registry
+    from bringup_kernels import registry
 
     ckpt = save_checkpoint(random_model(tiny_config(), seed=3), tmp_path / "ckpt")
     prompts, params = [[256, 5, 7, 9, 11], [256, 1, 2]], SamplingParams(max_tokens=4, ignore_eos=True)
@@ -307,7 +307,7 @@ def test_row_division_is_bitwise_ieee_division():
     random rows, quotients at fp8 rounding boundaries, and signed zeros."""
     import triton.language as tl
 
-    from kernels.triton.common import div_rows_rn
+    from bringup_kernels.triton.common import div_rows_rn
 
     @triton.jit
     def both(x_ptr, d_ptr, fast_ptr, exact_ptr, N: tl.constexpr):
@@ -362,7 +362,7 @@ def test_decode_ops_replay_in_a_cuda_graph_with_new_routing_and_contexts():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op_name", ["moe.fused_experts", "attn.mla_prefill", "attn.mla_decode", "kv.store", "kv.norm_rope_store"])
 def test_full_shapes_match_the_reference_on_the_gpu(op_name):
-    from kernels import ab, registry
+    from bringup_kernels import ab, registry
 
     results = ab.run_cases([registry.get(op_name)], "triton", quick=False, seed=ab.DEFAULT_SEED)
     assert results and all(r.status == ab.PASSED for r in results), [(r.case, r.reason, [d.detail for d in r.outputs]) for r in results]
@@ -373,7 +373,7 @@ def test_every_fused_experts_candidate_fits_hopper_shared_memory():
     configuration that needs more than the 227 KiB a Hopper block may use fails to launch where
     nothing is tuned (ENGINE_OPS_TUNE=0, CUDA-graph capture). As measured on the H200: 64 rows,
     128-wide bf16 gate/up tiles and 3 stages asked for 245760 bytes."""
-    from kernels.triton import experts as triton_experts
+    from bringup_kernels.triton import experts as triton_experts
 
     limit = 232448  # bytes per block on SM90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
     for dtype, fp8 in ((torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
@@ -391,8 +391,8 @@ def test_norm_rope_store_writes_what_the_three_ops_write_and_refuses_bad_shapes(
     """The fused cache write against the references of norm.rmsnorm, rope.apply and kv.store run one
     after the other (the engine's former path), on a strided column slice with padding rows; bad
     shapes raise."""
-    from kernels.ops.norm import rmsnorm_reference
-    from kernels.ops.rope import apply_reference, cos_sin_cache
+    from bringup_kernels.ops.norm import rmsnorm_reference
+    from bringup_kernels.ops.rope import apply_reference, cos_sin_cache
 
     gen = generator(21)
     tokens, rank, rope_dim = 6, 64, 32
@@ -417,8 +417,8 @@ def test_the_decode_query_is_assembled_in_place_by_the_two_ops_that_make_it():
     """The absorbed latent (``gemm.dense`` per head) and the rotated rope part (``rope.apply``)
     written with ``out=`` into the two column ranges of one query buffer: bitwise what each op
     returns on its own, nothing else in the buffer touched; the rope also in place (out = x)."""
-    from kernels.ops.rope import cos_sin_cache
-    from kernels.triton import dense, rope
+    from bringup_kernels.ops.rope import cos_sin_cache
+    from bringup_kernels.triton import dense, rope
 
     gen = generator(31)
     tokens, heads, nope, rope_dim, rank = 3, 4, 32, 16, 64

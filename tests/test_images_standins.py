@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.yaml")
 STANDINS = ("stock-cpu", "flagtree-cpu", "flagos-cpu")
 VERSIONS = ("import json, importlib.metadata as md\n"
-            "from kernels.versions import probe\n"
+            "from bringup_kernels.versions import probe\n"
             "print(json.dumps({'probe': probe(), 'dists': sorted(d.metadata['Name'].lower() for d in md.distributions())}))")
 
 
@@ -61,9 +61,9 @@ def test_each_standin_has_its_targets_triton_on_cpu_torch(client, tags, name):
 
 def test_flagtrees_triton_runs_our_kernels_unchanged(client, tags):
     code = ("import json, sys, triton, tokenspeed_triton, triton.language as tl\n"
-            "import kernels.triton.norm, kernels.triton.gemm\n"
-            "from kernels.ab import main\n"
-            "same = triton.language is tokenspeed_triton.language and kernels.triton.norm.tl is tokenspeed_triton.language\n"
+            "import bringup_kernels.triton.norm, bringup_kernels.triton.gemm\n"
+            "from bringup_kernels.ab import main\n"
+            "same = triton.language is tokenspeed_triton.language and bringup_kernels.triton.norm.tl is tokenspeed_triton.language\n"
             "code = main(['--ops', 'norm.*,gemm.*,rope.*', '--quick', '--json', '/tmp/ab.json'])\n"
             "print(json.dumps([same, code, json.load(open('/tmp/ab.json'))['summary']]))")
     same, code, summary = json.loads(run(client, tags["flagtree-cpu"], code, TRITON_INTERPRET="1").strip().splitlines()[-1])
@@ -77,13 +77,13 @@ def aten():
     return {op: torch._C._dispatch_dump(op) for op in torch._C._dispatch_get_all_op_names() if op.startswith("aten::")}
 
 before = aten()
-import engine, kernels
-for package in (engine, kernels):
+import engine, bringup_kernels
+for package in (engine, bringup_kernels):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-kernels.verify()
-from kernels.ops import norm
+bringup_kernels.verify()
+from bringup_kernels.ops import norm
 norm.rmsnorm(torch.randn(4, 64, generator=torch.Generator().manual_seed(3)), torch.ones(64), 1e-6)
 after_engine = aten()
 engine_imported_gems = "flag_gems" in sys.modules

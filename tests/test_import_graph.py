@@ -2,7 +2,7 @@
 
 Read from the sources (every ``import`` statement, also those inside functions; those under
 ``if TYPE_CHECKING:`` are not imports at run time): ``common`` uses the standard library only
-(an image's bare Python imports it); ``kernels`` imports no other package of the project but
+(an image's bare Python imports it); ``bringup_kernels`` imports no other package of the project but
 ``common``; ``engine`` not the pipeline, the benchmarks or the training scripts; the
 benchmarks and the training scripts not the pipeline.
 """
@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "kernels", "engine", "training", "benchmarks", "bringup")
+PACKAGES = ("common", "bringup_kernels", "engine", "training", "benchmarks", "bringup")
 MAY_IMPORT = {
     "common": {"common"},
-    "kernels": {"common", "kernels"},
-    "engine": {"common", "kernels", "engine"},
-    "training": {"common", "kernels", "engine", "training"},
-    "benchmarks": {"common", "kernels", "engine", "benchmarks"},
+    "bringup_kernels": {"common", "bringup_kernels"},
+    "engine": {"common", "bringup_kernels", "engine"},
+    "training": {"common", "bringup_kernels", "engine", "training"},
+    "benchmarks": {"common", "bringup_kernels", "engine", "benchmarks"},
 }
 
 
@@ -106,7 +106,7 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle():
     edges, _ = _graph()
-    assert "kernels.registry" in edges and "kernels.ops" in edges["kernels"]
+    assert "bringup_kernels.registry" in edges and "bringup_kernels.ops" in edges["bringup_kernels"]
     assert _circles(edges) == []
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import ab, registry
-from kernels.cases import generator
+from bringup_kernels import ab, registry
+from bringup_kernels.cases import generator
 
 triton = pytest.importorskip("triton")
 tl = triton.language
-from kernels.triton.common import fp8e4m3_bits, round_to_dtype  # noqa: E402 - needs Triton
+from bringup_kernels.triton.common import fp8e4m3_bits, round_to_dtype  # noqa: E402 - needs Triton
 
 TRITON_OPS = sorted(name for name, op in registry.ops().items() if "triton" in op.backends)
 # Compiled kernels need CUDA tensors; under the interpreter (no GPU) they run on CPU tensors.
@@ -86,8 +86,8 @@ def test_bit_level_fp8_and_bf16_rounding_match_torch():
 
 @pytest.mark.parametrize("experts, top_k, n_group, topk_group, with_bias", [(256, 8, 8, 4, True), (256, 8, 8, 4, False), (64, 6, 1, 1, True), (12, 12, 3, 1, False)])
 def test_moe_gate_ids_follow_the_reference_through_ties(experts, top_k, n_group, topk_group, with_bias):
-    from kernels.ops.moe import gate_reference
-    from kernels.triton.moe import gate
+    from bringup_kernels.ops.moe import gate_reference
+    from bringup_kernels.triton.moe import gate
 
     gen = generator(experts * 131 + top_k)
     # Logits on a coarse grid: many equal scores, equal group scores and masked (-inf) experts.
@@ -100,8 +100,8 @@ def test_moe_gate_ids_follow_the_reference_through_ties(experts, top_k, n_group,
 
 
 def test_rope_accepts_a_strided_slice_and_two_dim_input():
-    from kernels.ops.rope import apply_reference, cos_sin_cache
-    from kernels.triton.rope import apply
+    from bringup_kernels.ops.rope import apply_reference, cos_sin_cache
+    from bringup_kernels.triton.rope import apply
 
     gen = generator(3)
     cache = cos_sin_cache(64, 512, 10000.0, device=DEVICE)
@@ -117,7 +117,7 @@ def test_rope_accepts_a_strided_slice_and_two_dim_input():
 def test_host_launch_arithmetic_equals_tritons():
     """The wrappers size launches with plain-Python cdiv / next_power_of_2 (Triton's own are
     constexpr functions, microseconds per host call): the same numbers."""
-    from kernels.triton.common import cdiv, next_power_of_2
+    from bringup_kernels.triton.common import cdiv, next_power_of_2
 
     for n in [*range(0, 4200), 7168, 16384, 2**20 - 1, 2**20, 2**31 + 5]:
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
@@ -129,8 +129,8 @@ def test_host_launch_arithmetic_equals_tritons():
 def test_rmsnorm_reads_a_column_slice_in_place(with_residual):
     """The slice of a fused projection's output (rows 2112 apart here) normalizes bit for bit as
     its copy does, and as the reference within bf16 rounding."""
-    from kernels.ops.norm import rmsnorm_reference
-    from kernels.triton.norm import rmsnorm
+    from bringup_kernels.ops.norm import rmsnorm_reference
+    from bringup_kernels.triton.norm import rmsnorm
 
     gen = generator(4)
     fused = torch.randn(5, 2112, generator=gen).bfloat16().to(DEVICE)
@@ -146,8 +146,8 @@ def test_rmsnorm_reads_a_column_slice_in_place(with_residual):
 
 
 def test_act_quant_on_three_dim_input_is_bitwise_equal():
-    from kernels.ops.quant import act_quant_reference
-    from kernels.triton.quant import act_quant
+    from bringup_kernels.ops.quant import act_quant_reference
+    from bringup_kernels.triton.quant import act_quant
 
     x = torch.randn(2, 3, 384, generator=generator(5)).bfloat16().to(DEVICE)
     for fmt in (None, "ue8m0"):
@@ -157,10 +157,10 @@ def test_act_quant_on_three_dim_input_is_bitwise_equal():
 
 
 def test_every_gemm_tile_shape_and_split_k_matches_reference():
-    from kernels.ops.gemm import fp8_block_reference
-    from kernels.ops.quant import act_quant_reference, quantize_weight
-    from kernels.tolerance import tolerance_for
-    from kernels.triton.gemm import Config, candidates, launch
+    from bringup_kernels.ops.gemm import fp8_block_reference
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.tolerance import tolerance_for
+    from bringup_kernels.triton.gemm import Config, candidates, launch
 
     gen = generator(11)
     m, n, k = 40, 200, 512  # M and N tails, 4 K blocks
@@ -183,9 +183,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
     """Prefill shapes load their tiles through TMA descriptors where the operands allow it: the
     same products and sums in the same order, so the same bits; an operand starting off a 16-byte
     boundary keeps the pointer loads."""
-    from kernels.ops.quant import act_quant_reference, quantize_weight
-    from kernels.triton import gemm
-    from kernels.triton.gemm import Config, choose_config, launch
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.triton import gemm
+    from bringup_kernels.triton.gemm import Config, choose_config, launch
 
     gen = generator(12)
     m, n, k = 300, 200, 384  # M and N tails against 64- and 128-wide tiles
@@ -223,9 +223,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
     from triton.runtime.errors import OutOfResources
 
-    from kernels.ops.gemm import fp8_block_reference
-    from kernels.ops.quant import act_quant_reference, quantize_weight
-    from kernels.triton import gemm
+    from bringup_kernels.ops.gemm import fp8_block_reference
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.triton import gemm
 
     gen = generator(13)
     a, sa = act_quant_reference(torch.randn(300, 256, generator=gen).to(DEVICE))
@@ -252,8 +252,8 @@ def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, c
 
 
 def test_gemm_rejects_a_split_that_does_not_divide_k():
-    from kernels.ops.quant import act_quant_reference, quantize_weight
-    from kernels.triton.gemm import Config, launch
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.triton.gemm import Config, launch
 
     a, sa = act_quant_reference(torch.randn(4, 384, generator=generator(1)).to(DEVICE))
     b, sb = quantize_weight(torch.randn(64, 384, generator=generator(2)).to(DEVICE))
@@ -265,9 +265,9 @@ def test_gemm_rejects_a_split_that_does_not_divide_k():
 def test_every_kv_store_launch_gives_the_reference_bits(fp8):
     """Every launch the store sweep times (rows per block, warps, blocks per program, pipeline
     depth) writes the reference's bits, padding rows skipped and row tails masked."""
-    from kernels.ops.kv import store_reference
-    from kernels.ops.quant import FP8
-    from kernels.triton.kv import StoreConfig, store_candidates, store_config, store_with
+    from bringup_kernels.ops.kv import store_reference
+    from bringup_kernels.ops.quant import FP8
+    from bringup_kernels.triton.kv import StoreConfig, store_candidates, store_config, store_with
 
     gen = generator(5)
     tokens, blocks, page = 37, 8, 8
@@ -291,7 +291,7 @@ def test_every_kv_store_launch_gives_the_reference_bits(fp8):
 def test_the_tuners_time_every_candidate_that_runs_and_rank_them(monkeypatch):
     """The GEMM and fused-experts tuners share one timing loop: candidates the compiler rejects
     are left out, the rest ranked fastest first; none running is an error naming the call."""
-    from kernels.triton import tuning
+    from bringup_kernels.triton import tuning
 
     times = {"narrow": 2.0, "wide": 1.0}
     monkeypatch.setattr(tuning.triton.testing, "do_bench_cudagraph", lambda fn, rep: (fn(), times[fn()])[1])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import triton_probe as probe
+from bringup_kernels import triton_probe as probe
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [name for name, _ in probe.CHECKS]
@@ -66,12 +66,12 @@ def test_a_triton_without_gather_fails_those_checks_with_the_reason(monkeypatch,
 def test_with_triton_blocked_every_check_is_skipped_and_exit_is_0(tmp_path):
     out = tmp_path / "probe.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, "-m", "kernels.import_block", "--block", "triton", "--",
-                           sys.executable, "-m", "kernels.triton_probe", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bringup_kernels.import_block", "--block", "triton", "--",
+                           sys.executable, "-m", "bringup_kernels.triton_probe", "--json", str(out)],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "0 passed, 0 failed, 7 skipped"
     data = json.loads(out.read_text())
     assert data["triton"]["available"] is False
     assert [c["status"] for c in data["checks"]] == ["skipped"] * 7
-    assert all("blocked by kernels.import_block" in c["detail"] for c in data["checks"])
+    assert all("blocked by bringup_kernels.import_block" in c["detail"] for c in data["checks"])

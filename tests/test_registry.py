@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import registry
-from kernels.cases import generator
-from kernels.ops import norm, quant
+import bringup_kernels
+from bringup_kernels import registry
+from bringup_kernels.cases import generator
+from bringup_kernels.ops import norm, quant
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -37,7 +37,7 @@ def test_per_op_variable_overrides_the_global_one(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
     assert norm.rmsnorm.resolution().backend == "torch"
     assert quant.act_quant.resolution().backend == "triton"
-    report = kernels.report()
+    report = bringup_kernels.report()
     assert report["ops"]["norm.rmsnorm"] == {"requested": "torch", "backend": "torch", "reason": None}
     assert report["ops"]["quant.act_quant"]["backend"] == "triton"
 
@@ -60,7 +60,7 @@ def test_unavailable_backend_falls_back_with_one_notice_per_op(monkeypatch, caps
 
 def test_report_lists_every_fallback_with_its_reason(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "cuda")
-    report = kernels.report()
+    report = bringup_kernels.report()
     fallen = {f["op"]: f for f in report["fallbacks"]}
     assert set(fallen) == set(registry.ops())
     assert fallen["norm.rmsnorm"]["requested"] == "cuda" and fallen["norm.rmsnorm"]["used"] == "torch"
@@ -84,19 +84,19 @@ def test_strict_mode_refuses_the_fallback_naming_op_backend_and_reason(monkeypat
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "torch")
     monkeypatch.setenv("ENGINE_OPS_BACKEND_QUANT_ACT_QUANT", "cuda")
     x = torch.randn(2, 128, generator=generator(3))
-    with pytest.raises(kernels.StrictFallbackError) as info:
+    with pytest.raises(bringup_kernels.StrictFallbackError) as info:
         quant.act_quant(x)
     message = str(info.value)
     assert "quant.act_quant" in message and "'cuda'" in message and "no 'cuda' backend" in message
-    with pytest.raises(kernels.StrictFallbackError, match="quant.act_quant"):
-        kernels.verify()
+    with pytest.raises(bringup_kernels.StrictFallbackError, match="quant.act_quant"):
+        bringup_kernels.verify()
     # report() does not raise under strict mode; it shows the refused op without a backend.
-    entry = kernels.report()["ops"]["quant.act_quant"]
+    entry = bringup_kernels.report()["ops"]["quant.act_quant"]
     assert entry["backend"] is None and "ENGINE_OPS_STRICT=1" in entry["reason"]
 
 
 def test_strict_mode_passes_when_every_backend_is_available(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "torch")
-    report = kernels.verify()
+    report = bringup_kernels.verify()
     assert report["strict"] is True and report["fallbacks"] == []

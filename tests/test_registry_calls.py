@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-import kernels
-from kernels import perturb, registry
-from kernels.cases import generator
-from kernels.ops import act, norm, quant
+import bringup_kernels
+from bringup_kernels import perturb, registry
+from bringup_kernels.cases import generator
+from bringup_kernels.ops import act, norm, quant
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -25,7 +25,7 @@ def test_calls_are_counted_per_op_and_backend(monkeypatch):
     for _ in range(3):
         norm.rmsnorm(x, w)
     act.swiglu(torch.randn(4, 32, generator=generator(3)))
-    calls = kernels.report()["calls"]
+    calls = bringup_kernels.report()["calls"]
     assert calls["norm.rmsnorm"] == {"torch": 3}
     assert calls["act.swiglu"] == {"triton": 1}
     assert calls["quant.act_quant"] == {}, "an op that never ran has no calls"
@@ -38,9 +38,9 @@ def test_switching_a_backend_keeps_counting_until_reset_calls(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
     registry.reset()
     norm.rmsnorm(x, w)
-    assert kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1, "triton": 1}
+    assert bringup_kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1, "triton": 1}
     registry.reset_calls()
-    assert kernels.report()["calls"]["norm.rmsnorm"] == {}
+    assert bringup_kernels.report()["calls"]["norm.rmsnorm"] == {}
 
 
 def test_a_declined_call_counts_for_the_backend_that_ran_it(monkeypatch):
@@ -54,7 +54,7 @@ def test_a_declined_call_counts_for_the_backend_that_ran_it(monkeypatch):
     monkeypatch.setattr(norm.rmsnorm, "_resolution", registry.Resolution("norm.rmsnorm", "triton", "triton"))
     x, w = _x()
     torch.testing.assert_close(norm.rmsnorm(x, w), norm.rmsnorm_reference(x, w))
-    assert kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1}
+    assert bringup_kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1}
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -73,7 +73,7 @@ def test_perturbation_scales_the_named_backend_only(monkeypatch, backend):
     registry.reset()
     y_other, _ = norm.rmsnorm(x, w, 1e-6, residual)
     torch.testing.assert_close(y_other, clean_y, rtol=2e-5, atol=1e-6)
-    assert kernels.report()["perturbed"] == [{"op": "norm.rmsnorm", "backend": backend, "eps": 0.01}]
+    assert bringup_kernels.report()["perturbed"] == [{"op": "norm.rmsnorm", "backend": backend, "eps": 0.01}]
 
 
 def test_perturbation_leaves_integer_outputs_and_other_ops_alone(monkeypatch):
@@ -86,14 +86,14 @@ def test_perturbation_leaves_integer_outputs_and_other_ops_alone(monkeypatch):
     torch.testing.assert_close(s, s_ref * 1.5)
     x2 = torch.randn(4, 32, generator=generator(12))
     torch.testing.assert_close(act.swiglu(x2), act.swiglu_reference(x2), rtol=2e-5, atol=1e-6)
-    assert [p["op"] for p in kernels.report()["perturbed"]] == ["quant.act_quant", "norm.rmsnorm"]
+    assert [p["op"] for p in bringup_kernels.report()["perturbed"]] == ["quant.act_quant", "norm.rmsnorm"]
 
 
 @pytest.mark.parametrize("value", ["norm.rmsnorm", "rmsnorm=1e-2", "norm.rmsnorm=big", "norm.rmsnorm@triton=inf"])
 def test_a_bad_perturbation_is_named(monkeypatch, value):
     monkeypatch.setenv(perturb.ENV, value)
     with pytest.raises(perturb.PerturbationError, match="ENGINE_OPS_TEST_PERTURB: expected OP"):
-        kernels.report()
+        bringup_kernels.report()
 
 
 @pytest.mark.parametrize("value, tune", [(None, True), ("0", False), ("off", False), ("1", True)])
@@ -102,8 +102,8 @@ def test_report_says_whether_configurations_may_be_timed(monkeypatch, value, tun
         monkeypatch.delenv("ENGINE_OPS_TUNE", raising=False)
     else:
         monkeypatch.setenv("ENGINE_OPS_TUNE", value)
-    assert kernels.report()["tune"] is tune
-    assert kernels.report()["perturbed"] == []
+    assert bringup_kernels.report()["tune"] is tune
+    assert bringup_kernels.report()["perturbed"] == []
 
 
 def test_ops_on_resolves_ops_inside_the_block_and_restores_the_callers_choice(monkeypatch):

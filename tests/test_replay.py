@@ -30,7 +30,7 @@ PERTURBED = "moe.fused_experts"  # first used by layer 1 (layer 0 is dense)
 def _generate(prompts: list[str], max_tokens: int, backend: str = "torch") -> dict[int, Generation]:
     os.environ["ENGINE_OPS_BACKEND"] = backend
     try:
-        from kernels import registry
+        from bringup_kernels import registry
 
         registry.reset()
         llm = LLM(CHECKPOINT_DIR, dtype="float32", device="cpu")

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from kernels import registry
-from kernels.ab import DEFAULT_SEED
-from kernels.cases import case_seed, generator, randint, randn, uniform
-from kernels.compare import DIFFERS, compare
-from kernels.ops import sample as sample_op
-from kernels.registry import BackendUnavailable
+from bringup_kernels import registry
+from bringup_kernels.ab import DEFAULT_SEED
+from bringup_kernels.cases import case_seed, generator, randint, randn, uniform
+from bringup_kernels.compare import DIFFERS, compare
+from bringup_kernels.ops import sample as sample_op
+from bringup_kernels.registry import BackendUnavailable
 
 try:
     import triton
@@ -71,7 +71,7 @@ if triton is not None:
         cols = row * N + tl.arange(0, N)
         tl.store(out_ptr + cols, tl.rand(tl.load(seed_ptr + row), tl.load(offset_ptr + cols)))
 
-    from kernels.triton.sample import fixed_point_weight, gumbel_noise
+    from bringup_kernels.triton.sample import fixed_point_weight, gumbel_noise
 
     @triton.jit
     def _fixed_math_kernel(u_ptr, d_ptr, noise_ptr, weight_ptr, N: tl.constexpr):

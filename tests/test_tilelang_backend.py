@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+import bringup_kernels
 from common.versions import at_least, release
-from kernels import backend_env
-from kernels.ops import attn, gemm, quant
-from kernels.tilelang import attn as tl_attn
-from kernels.tilelang import gemm as tl_gemm
-from kernels.tilelang import quant as tl_quant
+from bringup_kernels import backend_env
+from bringup_kernels.ops import attn, gemm, quant
+from bringup_kernels.tilelang import attn as tl_attn
+from bringup_kernels.tilelang import gemm as tl_gemm
+from bringup_kernels.tilelang import quant as tl_quant
 from test_vendor_backends import decode_inputs, gemm_inputs, pretend_eligible, show_device
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
@@ -72,7 +72,7 @@ def test_without_tilelang_and_cuda_the_reason_names_both():
     reason = backend_env.unavailable_reason("tilelang")
     assert reason == ("tilelang is not installed (no module 'tilelang' on sys.path: pip install -e '.[tilelang]', or "
                       "docs/tilelang.md for a host without network); no CUDA device (tilelang needs compute capability 9.x)")
-    assert kernels.report()["backends"]["tilelang"] == {"available": False, "reason": reason, "falls_back_to": "triton"}
+    assert bringup_kernels.report()["backends"]["tilelang"] == {"available": False, "reason": reason, "falls_back_to": "triton"}
     assert backend_env.LIBRARIES == ("tilelang",) and "tilelang" not in backend_env.VENDOR
 
 
@@ -80,7 +80,7 @@ def test_kernels_ab_reports_an_unavailable_tilelang_and_skips_its_cases(tmp_path
     reason = backend_env.unavailable_reason("tilelang")
     if reason is None:
         pytest.skip("tilelang is available here")
-    from kernels import ab
+    from bringup_kernels import ab
 
     assert ab.main(["--backend", "tilelang", "--json", str(tmp_path / "r.json")]) == 0
     record = json.loads((tmp_path / "r.json").read_text())
@@ -118,14 +118,14 @@ def test_each_missing_condition_is_named_alone(monkeypatch, tmp_path, on_path):
 
 
 def test_an_old_tilelang_is_reported_too_old_and_never_imported(tmp_path):
-    """FlagTree's image ships TileLang 0.1.9: the backend is refused with the reason, kernels.ab
+    """FlagTree's image ships TileLang 0.1.9: the backend is refused with the reason, bringup_kernels.ab
     reports it, strict mode refuses the fallback, the versions probe (every stage's record)
     names the version as unsupported, and nothing imports the old package."""
     marker = tmp_path / "imported"
     root = fake_tilelang(tmp_path / "site", "0.1.9", f"open({str(marker)!r}, 'w').write('imported')\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ENGINE_OPS_")},
            "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
-    ab = subprocess.run([sys.executable, "-m", "kernels.ab", "--backend", "tilelang", "--json", str(tmp_path / "r.json")],
+    ab = subprocess.run([sys.executable, "-m", "bringup_kernels.ab", "--backend", "tilelang", "--json", str(tmp_path / "r.json")],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert ab.returncode == 0, ab.stdout + ab.stderr
     record = json.loads((tmp_path / "r.json").read_text())
@@ -134,11 +134,11 @@ def test_an_old_tilelang_is_reported_too_old_and_never_imported(tmp_path):
     assert {r["op"] for r in record["results"]} == {"quant.act_quant", "gemm.fp8_block", "attn.mla_decode"}
     assert all(r["status"] == "skipped" and r["reason"] == reason for r in record["results"])
     assert ab.stdout.strip().splitlines()[-1].endswith("not run here: tilelang (unavailable, see above)")
-    strict = subprocess.run([sys.executable, "-c", "import kernels; kernels.verify()"], cwd=REPO, capture_output=True, text=True,
+    strict = subprocess.run([sys.executable, "-c", "import bringup_kernels; bringup_kernels.verify()"], cwd=REPO, capture_output=True, text=True,
                             env={**env, "ENGINE_OPS_STRICT": "1", "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK": "tilelang"}, timeout=300)
     assert strict.returncode != 0
     assert "StrictFallbackError: gemm.fp8_block: backend 'tilelang' is unavailable (tilelang 0.1.9 is too old" in strict.stderr
-    code = "import json; from kernels.versions import probe; print(json.dumps(probe()['tilelang']))"
+    code = "import json; from bringup_kernels.versions import probe; print(json.dumps(probe()['tilelang']))"
     recorded = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert json.loads(recorded.stdout) == {"version": "0.1.9", "module": str(root / "tilelang"), "supported": False}
     assert not marker.exists()
@@ -164,7 +164,7 @@ def test_strict_mode_refuses_an_unavailable_tilelang(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "tilelang")
     args, kwargs = decode_inputs()
-    with pytest.raises(kernels.StrictFallbackError) as info:
+    with pytest.raises(bringup_kernels.StrictFallbackError) as info:
         attn.mla_decode(*args, **kwargs)
     assert str(info.value).startswith("attn.mla_decode: backend 'tilelang' is unavailable (")
     assert "refuses the fallback to 'triton'" in str(info.value)
@@ -178,13 +178,13 @@ def test_calls_the_kernels_decline_run_on_triton_and_strict_mode_refuses_them(mo
     args, kwargs = decode_inputs(fp8=True)
     assert torch.equal(attn.mla_decode(*args, **kwargs), attn.mla_decode.load("triton")(*args, **kwargs))
     assert gemm.fp8_block.resolution().backend == attn.mla_decode.resolution().backend == "tilelang"
-    assert kernels.report()["call_fallbacks"] == [
+    assert bringup_kernels.report()["call_fallbacks"] == [
         {"op": "attn.mla_decode", "backend": "tilelang", "used": "triton", "reason": tl_attn.FP8_CACHE_REASON},
         {"op": "gemm.fp8_block", "backend": "tilelang", "used": "triton", "reason": "tensors are not on a CUDA device"}]
     notices = [line for line in capsys.readouterr().err.splitlines() if "cannot serve a call" in line]
     assert len(notices) == 2 and all("backend 'tilelang' cannot serve a call" in line for line in notices)
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
-    with pytest.raises(kernels.StrictFallbackError, match="backend 'tilelang' cannot serve this call .tensors are not on a CUDA"):
+    with pytest.raises(bringup_kernels.StrictFallbackError, match="backend 'tilelang' cannot serve this call .tensors are not on a CUDA"):
         quant.act_quant(torch.randn(2, 128))
 
 

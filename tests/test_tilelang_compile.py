@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from common.versions import at_least
-from kernels import backend_env
+from bringup_kernels import backend_env
 
 pytestmark = pytest.mark.slow
 ARCH = "sm_90a"
@@ -41,7 +41,7 @@ requires_tilelang = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or ""
 @pytest.mark.parametrize("in_dtype, group, ue8m0", [("bfloat16", 128, False), ("float32", 128, True), ("float16", 64, False),
                                                     ("bfloat16", 32, True)])
 def test_act_quant_compiles_with_ieee_divisions(in_dtype, group, ue8m0):
-    from kernels.tilelang import quant
+    from bringup_kernels.tilelang import quant
 
     source = quant.kernel(group, in_dtype, ue8m0, ARCH).get_kernel_source()
     assert source.count("__fdiv_rn(") >= 2 and "__fdividef" not in source and "__frcp" not in source
@@ -52,7 +52,7 @@ def test_act_quant_compiles_with_ieee_divisions(in_dtype, group, ue8m0):
 @pytest.mark.parametrize("m", [1, 128, 4096])
 @pytest.mark.parametrize("split", [False, True])
 def test_fp8_block_compiles_to_fp8_wgmma(m, split):
-    from kernels.tilelang import gemm
+    from bringup_kernels.tilelang import gemm
 
     config = gemm.config_for(m)
     source = gemm.kernel(2112, 7168, "bfloat16", config, split, ARCH).get_kernel_source()
@@ -62,7 +62,7 @@ def test_fp8_block_compiles_to_fp8_wgmma(m, split):
 
 @requires_tilelang
 def test_fp8_block_compiles_for_the_quick_shapes_and_fp32_output():
-    from kernels.tilelang import gemm
+    from bringup_kernels.tilelang import gemm
 
     for n, k in ((200, 256), (128, 384)):
         for out in ("float32", "bfloat16"):
@@ -72,7 +72,7 @@ def test_fp8_block_compiles_for_the_quick_shapes_and_fp32_output():
 @requires_tilelang
 @pytest.mark.parametrize("heads, rank, rope, page", [(128, 512, 64, 64), (16, 512, 64, 16), (2, 32, 16, 4), (4, 64, 16, 16)])
 def test_mla_decode_compiles_with_its_merge_kernel(heads, rank, rope, page):
-    from kernels.tilelang import attn
+    from bringup_kernels.tilelang import attn
 
     source = attn.kernel(heads, rank, rope, page, 0.125, ARCH).get_kernel_source()
     assert "mla_decode_kernel_1" in source  # the log-sum-exp merge of the splits

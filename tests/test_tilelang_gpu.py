@@ -18,10 +18,10 @@ from test_vendor_gpu import (  # noqa: F401
     require,
 )
 
-import kernels
-from kernels.cases import generator
-from kernels.ops import attn, gemm, quant
-from kernels.ops.quant import act_quant_reference
+import bringup_kernels
+from bringup_kernels.cases import generator
+from bringup_kernels.ops import attn, gemm, quant
+from bringup_kernels.ops.quant import act_quant_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_registry")]
 
@@ -48,7 +48,7 @@ def test_act_quant_is_bitwise_equal_to_the_reference(monkeypatch, rows, k, dtype
     for scale_fmt in (None, "ue8m0"):
         q, s = quant.act_quant(x, 128, scale_fmt)
         q_ref, s_ref = act_quant_reference(x, 128, scale_fmt)
-        assert quant.act_quant.resolution().backend == "tilelang" and kernels.report()["call_fallbacks"] == []
+        assert quant.act_quant.resolution().backend == "tilelang" and bringup_kernels.report()["call_fallbacks"] == []
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), f"codes differ at {rows}x{k} {dtype} {scale_fmt}"
         assert torch.equal(s, s_ref), f"scales differ at {rows}x{k} {dtype} {scale_fmt}"
 
@@ -70,7 +70,7 @@ def test_fp8_block_matches_the_reference(monkeypatch, m, n, k):
     for scale_fmt, out_dtype in ((None, torch.bfloat16), ("ue8m0", torch.float32), (None, torch.float16)):
         a, sa, b, sb = gemm_operands(m, n, k, scale_fmt, seed=m * 7919 + n + k)
         out = gemm.fp8_block(a, sa, b, sb, out_dtype=out_dtype)
-        assert gemm.fp8_block.resolution().backend == "tilelang" and kernels.report()["call_fallbacks"] == []
+        assert gemm.fp8_block.resolution().backend == "tilelang" and bringup_kernels.report()["call_fallbacks"] == []
         assert out.dtype == out_dtype and out.shape == (m, n)
         ref = gemm.fp8_block.reference(a, sa, b, sb, out_dtype)
         assert_matches(gemm.fp8_block, out, ref, f"{m}x{n}x{k} {scale_fmt} {out_dtype}")
@@ -90,7 +90,7 @@ def test_mla_decode_matches_the_reference(monkeypatch, batch, heads, block_size,
     q, cache, tables, lens = decode_operands(batch, heads, block_size, max_context, seed=batch * 31 + heads + block_size)
     scale = 192 ** -0.5
     out = attn.mla_decode(q, cache, tables, lens, scale, 512)
-    assert attn.mla_decode.resolution().backend == "tilelang" and kernels.report()["call_fallbacks"] == []
+    assert attn.mla_decode.resolution().backend == "tilelang" and bringup_kernels.report()["call_fallbacks"] == []
     assert torch.count_nonzero(out[-1]) == 0  # the padding row
     assert_matches(attn.mla_decode, out, attn.mla_decode.reference(q, cache, tables, lens, scale, 512),
                    f"b{batch} h{heads} blk{block_size}")

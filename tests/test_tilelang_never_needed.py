@@ -1,6 +1,6 @@
 """The engine never needs TileLang: with ``tilelang``, ``tvm`` and ``tvm_ffi`` blocked (the verify
 stage's import blocker, in real subprocesses and their spawned children), every module of
-``engine`` and ``kernels`` imports, and the engine's generate and its e2e run (the tilelang backend
+``engine`` and ``bringup_kernels`` imports, and the engine's generate and its e2e run (the tilelang backend
 requested for every op, falling back with its reason); without the block, on this machine where
 TileLang is absent, the same holds."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bringup.stages.verify import BLOCKED
-from kernels.import_block import blocked_env
+from bringup_kernels.import_block import blocked_env
 from launches import Launch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ CHECKPOINT = REPO / "engine" / "tiny" / "checkpoint"
 IMPORT_EVERYTHING = """
 import importlib, json, pkgutil, sys
 names, failed = [], {}
-for package in ("kernels", "engine"):
+for package in ("bringup_kernels", "engine"):
     names.append(package)
     module = importlib.import_module(package)
     names += [m.name for m in pkgutil.walk_packages(module.__path__, prefix=package + ".") if not m.name.endswith(".__main__")]
@@ -34,9 +34,9 @@ for name in names:
         importlib.import_module(name)
     except BaseException as exc:
         failed[name] = f"{type(exc).__name__}: {exc}"
-import kernels
+import bringup_kernels
 print(json.dumps({"modules": names, "failed": failed, "loaded": sorted(m for m in sys.modules if m.partition(".")[0] in %r),
-                  "tilelang": kernels.report()["backends"]["tilelang"]}))
+                  "tilelang": bringup_kernels.report()["backends"]["tilelang"]}))
 """ % (TILELANG_MODULES,)
 
 
@@ -57,11 +57,11 @@ def test_every_module_of_engine_and_kernels_imports(tmp_path, blocked):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["failed"] == {} and out["loaded"] == []
-    assert {"kernels.tilelang.quant", "kernels.tilelang.gemm", "kernels.tilelang.attn", "engine.llm"} <= set(out["modules"])
+    assert {"bringup_kernels.tilelang.quant", "bringup_kernels.tilelang.gemm", "bringup_kernels.tilelang.attn", "engine.llm"} <= set(out["modules"])
     assert not out["tilelang"]["available"]
     if blocked:
         assert out["tilelang"]["reason"].startswith("tilelang is not importable (ModuleNotFoundError: import of 'tilelang' "
-                                                    "is blocked by kernels.import_block")
+                                                    "is blocked by bringup_kernels.import_block")
     elif "tilelang is not installed" not in out["tilelang"]["reason"]:
         pytest.skip("TileLang is installed here: 'absent' cannot be shown")
 
@@ -87,7 +87,7 @@ def test_generate_with_the_tilelang_backend_requested_falls_back_and_matches_tor
 
 
 def test_strict_mode_refuses_the_missing_tilelang_naming_it(tmp_path):
-    code = "import engine, kernels; kernels.verify()"
+    code = "import engine, kernels; bringup_kernels.verify()"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=environment(tmp_path, True, ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK="tilelang", ENGINE_OPS_STRICT="1"))
     assert proc.returncode != 0

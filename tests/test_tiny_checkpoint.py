@@ -32,7 +32,7 @@ def fp32_generations(model, key):
 @pytest.fixture
 def torch_ops(monkeypatch):
     """The engine's ops on their torch references (Triton under the interpreter is too slow here)."""
-    from kernels import registry
+    from bringup_kernels import registry
 
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "torch")
     registry.reset()

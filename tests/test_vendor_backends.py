@@ -1,5 +1,5 @@
 """Vendor backends (deep_gemm, flash_mla) in the registry, without a GPU: eligibility and its
-reasons, the fallback chain, strict mode, per-call fallbacks, and that ``import kernels`` does not
+reasons, the fallback chain, strict mode, per-call fallbacks, and that ``import bringup_kernels`` does not
 import a vendor extension.
 
 Where a rule depends on hardware this machine lacks, the test makes the hardware visible to the
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import backend_env
-from kernels.cases import generator
-from kernels.ops import attn, gemm
-from kernels.ops.quant import act_quant_reference, quantize_weight
-from kernels.vendor import deep_gemm as dg_backend
-from kernels.vendor import flash_mla as fm_backend
+import bringup_kernels
+from bringup_kernels import backend_env
+from bringup_kernels.cases import generator
+from bringup_kernels.ops import attn, gemm
+from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+from bringup_kernels.vendor import deep_gemm as dg_backend
+from bringup_kernels.vendor import flash_mla as fm_backend
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 REPO = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_without_the_extension_and_cuda_the_reason_names_both():
         reason = backend_env.unavailable_reason(name)
         assert f"extension '{name}' is not importable" in reason, reason
         assert f"no CUDA device ({name} needs compute capability 9.x)" in reason, reason
-    info = kernels.report()["backends"]
+    info = bringup_kernels.report()["backends"]
     assert info["deep_gemm"] == {"available": False, "reason": backend_env.unavailable_reason("deep_gemm"), "falls_back_to": "triton"}
     assert info["torch"]["available"] and info["triton"]["falls_back_to"] == "torch"
 
@@ -122,7 +122,7 @@ def test_an_unavailable_vendor_backend_falls_back_to_triton_with_one_notice(monk
     assert res.reason == backend_env.unavailable_reason("deep_gemm")
     notices = [line for line in capsys.readouterr().err.splitlines() if "gemm.fp8_block" in line]
     assert notices == [f"[kernels] gemm.fp8_block: backend 'deep_gemm' unavailable ({res.reason}); using 'triton'"]
-    entry = kernels.report()["ops"]["gemm.fp8_block"]
+    entry = bringup_kernels.report()["ops"]["gemm.fp8_block"]
     assert entry == {"requested": "deep_gemm", "backend": "triton", "reason": res.reason}
 
 
@@ -138,7 +138,7 @@ def test_the_chain_ends_at_torch_when_triton_cannot_run_either(monkeypatch):
 
 def test_a_vendor_name_on_an_op_without_it_goes_to_the_chain_not_to_torch(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_BACKEND", "flash_mla")
-    from kernels.ops import norm
+    from bringup_kernels.ops import norm
 
     res = norm.rmsnorm.resolution()
     assert res.backend == "triton" and res.reason.startswith("op has no 'flash_mla' backend (it has: torch, triton)")
@@ -150,7 +150,7 @@ def test_strict_mode_refuses_an_unavailable_vendor_backend(monkeypatch):
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
     monkeypatch.setenv("ENGINE_OPS_BACKEND_ATTN_MLA_DECODE", "flash_mla")
     args, kwargs = decode_inputs()
-    with pytest.raises(kernels.StrictFallbackError) as info:
+    with pytest.raises(bringup_kernels.StrictFallbackError) as info:
         attn.mla_decode(*args, **kwargs)
     message = str(info.value)
     assert message.startswith("attn.mla_decode: backend 'flash_mla' is unavailable (")
@@ -178,7 +178,7 @@ def test_a_call_deep_gemm_declines_runs_on_triton_noticed_once_per_reason(monkey
     notices = [line for line in capsys.readouterr().err.splitlines() if "cannot serve a call" in line]
     assert notices == [f"[kernels] gemm.fp8_block: backend 'deep_gemm' cannot serve a call ({r}); using 'triton' for it"
                        for r in (fp32_reason, cpu_reason)]
-    assert kernels.report()["call_fallbacks"] == [
+    assert bringup_kernels.report()["call_fallbacks"] == [
         {"op": "gemm.fp8_block", "backend": "deep_gemm", "used": "triton", "reason": r} for r in (fp32_reason, cpu_reason)]
 
 
@@ -188,10 +188,10 @@ def test_an_fp8_cache_is_never_computed_by_flash_mla_and_strict_mode_refuses_it(
     args, kwargs = decode_inputs(fp8=True)
     out = attn.mla_decode(*args, **kwargs)
     assert torch.equal(out, attn.mla_decode.load("triton")(*args, **kwargs))
-    (entry,) = kernels.report()["call_fallbacks"]
+    (entry,) = bringup_kernels.report()["call_fallbacks"]
     assert entry == {"op": "attn.mla_decode", "backend": "flash_mla", "used": "triton", "reason": fm_backend.FP8_CACHE_REASON}
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
-    with pytest.raises(kernels.StrictFallbackError, match="backend 'flash_mla' cannot serve this call .*656-byte"):
+    with pytest.raises(bringup_kernels.StrictFallbackError, match="backend 'flash_mla' cannot serve this call .*656-byte"):
         attn.mla_decode(*args, **kwargs)
 
 
@@ -229,10 +229,10 @@ def test_importing_kernels_imports_no_vendor_extension(tmp_path):
     marker = tmp_path / "imported"
     for name in backend_env.VENDOR:
         fake_extension(tmp_path, name, f"open({str(marker)!r}, 'a').write({name!r} + '\\n')")
-    code = ("import json, sys, kernels, kernels.ops\n"
-            "from kernels.ops import gemm\n"
-            "report = kernels.report()\n"
-            "print(json.dumps({'vendor_modules': sorted(m for m in sys.modules if m.startswith('kernels.vendor')),"
+    code = ("import json, sys, kernels, bringup_kernels.ops\n"
+            "from bringup_kernels.ops import gemm\n"
+            "report = bringup_kernels.report()\n"
+            "print(json.dumps({'vendor_modules': sorted(m for m in sys.modules if m.startswith('bringup_kernels.vendor')),"
             " 'backends': report['backends']}))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "TRITON_INTERPRET": "1",
            "ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK": "deep_gemm", "ENGINE_OPS_BACKEND_ATTN_MLA_DECODE": "flash_mla"}

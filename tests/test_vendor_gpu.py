@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import backend_env, registry
-from kernels.cases import generator
-from kernels.compare import DIFFERS, compare
-from kernels.ops import attn, gemm
-from kernels.ops.quant import act_quant_reference, quantize_weight
+import bringup_kernels
+from bringup_kernels import backend_env, registry
+from bringup_kernels.cases import generator
+from bringup_kernels.compare import DIFFERS, compare
+from bringup_kernels.ops import attn, gemm
+from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_registry")]
 
@@ -49,7 +49,7 @@ def test_deep_gemm_matches_the_reference(monkeypatch, m, n, k):
     for scale_fmt in (None, "ue8m0"):
         a, sa, b, sb = gemm_operands(m, n, k, scale_fmt, seed=m * 7919 + n + k)
         out = gemm.fp8_block(a, sa, b, sb, out_dtype=torch.bfloat16)
-        assert gemm.fp8_block.resolution().backend == "deep_gemm" and kernels.report()["call_fallbacks"] == []
+        assert gemm.fp8_block.resolution().backend == "deep_gemm" and bringup_kernels.report()["call_fallbacks"] == []
         assert_matches(gemm.fp8_block, out, gemm.fp8_block.reference(a, sa, b, sb, torch.bfloat16), f"{m}x{n}x{k} {scale_fmt}")
 
 
@@ -58,7 +58,7 @@ def test_deep_gemm_declines_fp32_output_and_triton_serves_it(monkeypatch):
     a, sa, b, sb = gemm_operands(64, 2112, 7168, None, seed=5)
     out = gemm.fp8_block(a, sa, b, sb, out_dtype=torch.float32)
     assert torch.equal(out, gemm.fp8_block.load("triton")(a, sa, b, sb, torch.float32))
-    (entry,) = kernels.report()["call_fallbacks"]
+    (entry,) = bringup_kernels.report()["call_fallbacks"]
     assert (entry["backend"], entry["used"]) == ("deep_gemm", "triton") and "bf16 only" in entry["reason"]
 
 
@@ -83,7 +83,7 @@ def test_flash_mla_matches_the_reference(monkeypatch, batch, heads, block_size, 
     q, cache, tables, lens = decode_operands(batch, heads, block_size, max_context, seed=batch * 31 + heads + block_size)
     scale = 192 ** -0.5
     out = attn.mla_decode(q, cache, tables, lens, scale, 512)
-    assert attn.mla_decode.resolution().backend == "flash_mla" and kernels.report()["call_fallbacks"] == []
+    assert attn.mla_decode.resolution().backend == "flash_mla" and bringup_kernels.report()["call_fallbacks"] == []
     assert torch.count_nonzero(out[-1]) == 0
     assert_matches(attn.mla_decode, out, attn.mla_decode.reference(q, cache, tables, lens, scale, 512), f"b{batch} h{heads} blk{block_size}")
 
@@ -130,7 +130,7 @@ def declined_decodes_give_tritons_output(block_size: int, seed: int, dtype: torc
     q = q.bfloat16()
     out = attn.mla_decode(q, fp8_cache, tables, lens, scale, 512, kv_scale=kv_scale)
     assert torch.equal(out, triton_decode(q, fp8_cache, tables, lens, scale, 512, kv_scale=kv_scale))
-    return [e["reason"] for e in kernels.report()["call_fallbacks"]]
+    return [e["reason"] for e in bringup_kernels.report()["call_fallbacks"]]
 
 
 def test_flash_mla_declines_what_it_cannot_read_and_triton_serves_it(monkeypatch):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cases import generator
-from kernels.vendor.layouts import mn_major_tma_aligned, split_pages, tma_aligned_size
+from bringup_kernels.cases import generator
+from bringup_kernels.vendor.layouts import mn_major_tma_aligned, split_pages, tma_aligned_size
 
 
 @pytest.mark.parametrize("n, element_size, expected", [(1, 4, 4), (4, 4, 4), (5, 4, 8), (33, 4, 36), (4096, 4, 4096),

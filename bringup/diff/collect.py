@@ -48,9 +48,9 @@ from bringup.diff.tokens import (
     margin_deltas,
     read_generations,
 )
-from kernels.ab import FAILED, compare_dumps
-from kernels.compare import EQUAL
-from kernels.dump import DumpError
+from bringup_kernels.ab import FAILED, compare_dumps
+from bringup_kernels.compare import EQUAL
+from bringup_kernels.dump import DumpError
 
 STAGE_FILES = (ENV, BUILD, VERIFY, AB_RESULTS, E2E_REPORT, PEER_REPORT, REPLAY_REPORT, BLAME_REPORT)
 CONFIG_FILES = {"ab": AB_RESULTS, "e2e": E2E_REPORT, "replay": REPLAY_REPORT}  # records with kernel_configs
@@ -79,7 +79,7 @@ class OpSummary:
 
 @dataclass
 class KernelComparison:
-    """An image's A/B dump against the reference's, case by case (``kernels.ab.compare_dumps``;
+    """An image's A/B dump against the reference's, case by case (``bringup_kernels.ab.compare_dumps``;
     ``one_side``: ``only_in_a`` = cases only the image dumped, ``only_in_b`` = only the reference).
     Within an image (:attr:`DiffResult.within`): a backend's dump against the default backend's."""
 
@@ -318,7 +318,7 @@ def _versions(result: DiffResult, col: Column) -> None:
         return
     versions = env.get("versions")
     if not isinstance(versions, dict):
-        raise UnusableInput(f"{col.artifacts.path(ENV)}: 'versions' must be an object (kernels.versions.probe())")
+        raise UnusableInput(f"{col.artifacts.path(ENV)}: 'versions' must be an object (bringup_kernels.versions.probe())")
     flat: dict[str, str] = {}
     _flatten("", versions, flat)
     result.versions[col.label] = flat
@@ -430,14 +430,14 @@ def _fallbacks(result: DiffResult, col: Column) -> None:
         ops = data.get("ops")
         listed = ops.get("fallbacks") if isinstance(ops, dict) else None
         if not isinstance(listed, list):
-            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.fallbacks' must be a list (the output of kernels.report())")
+            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.fallbacks' must be a list (the output of bringup_kernels.report())")
         for i, fb in enumerate(listed):
             if not isinstance(fb, dict) or not isinstance(fb.get("op"), str):
                 raise UnusableInput(f"{col.artifacts.path(rel)}: ops.fallbacks[{i}].op must be a string")
             cells.setdefault(fb["op"], []).append(f"{where}: {fb.get('requested')}->{fb.get('used')}")
         per_call = ops.get("call_fallbacks", [])  # absent in reports made before per-call fallbacks existed
         if not isinstance(per_call, list):
-            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.call_fallbacks' must be a list (the output of kernels.report())")
+            raise UnusableInput(f"{col.artifacts.path(rel)}: 'ops.call_fallbacks' must be a list (the output of bringup_kernels.report())")
         for i, fb in enumerate(per_call):
             if not isinstance(fb, dict) or not isinstance(fb.get("op"), str):
                 raise UnusableInput(f"{col.artifacts.path(rel)}: ops.call_fallbacks[{i}].op must be a string")

@@ -13,7 +13,7 @@ from bringup.diff.document import Block, Bullets, Figure, Heading, Paragraph, Ta
 from bringup.diff.report_explain import blame_blocks, coverage_blocks, replay_blocks
 from bringup.diff.summary import summary
 from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
-from kernels.compare import DIFFERS
+from bringup_kernels.compare import DIFFERS
 
 ABSENT = "-"
 

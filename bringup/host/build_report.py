@@ -1,7 +1,7 @@
 """``python -m bringup.host.build_report BUILD_JSON [--env-file FILE]``: one line per build target of
 a build stage's record (status, build seconds, smoke test, why), its switches and notes; and,
 with ``--env-file``, the record's ``exports`` as shell lines, so that steps outside the
-pipeline (``python -m kernels.ab``, the benchmarks) see the built extensions::
+pipeline (``python -m bringup_kernels.ab``, the benchmarks) see the built extensions::
 
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/repo/artifacts/local-vendor/build/deep-gemm:..."
     export EP_DISABLE_GIN=1

@@ -138,7 +138,7 @@ def _nvidia_smi(args: list[str]) -> tuple[str | None, str]:
 
 def check_versions() -> Check:
     try:
-        from kernels.versions import probe
+        from bringup_kernels.versions import probe
 
         v = probe()
     except Exception as exc:  # noqa: BLE001 - torch missing or broken

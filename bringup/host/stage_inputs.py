@@ -6,13 +6,13 @@ host interpreter and its torch/Triton for ``local``) and the code of the stage i
 * env: the env recipes' text;
 * build: the env result, the build recipes' text and the files their ``inputs`` globs match
   (for a pinned source: the sha256 of each of its archives, so a changed archive reruns it);
-* verify: the env and build results, the sources of ``kernels`` and ``engine``;
-* ab: the env result and the sources of ``kernels``;
-* e2e: the env and build results, the world size, the sources of ``kernels`` and ``engine``
+* verify: the env and build results, the sources of ``bringup_kernels`` and ``engine``;
+* ab: the env result and the sources of ``bringup_kernels``;
+* e2e: the env and build results, the world size, the sources of ``bringup_kernels`` and ``engine``
   and the bundled checkpoint, or the image's own model, prompts and answer key;
-* peer: the env and e2e results, the sources of ``bringup/peer``, ``kernels`` and ``engine``
+* peer: the env and e2e results, the sources of ``bringup/peer``, ``bringup_kernels`` and ``engine``
   (its random-MLA case runs the engine) and, as for e2e, the model files;
-* replay, blame: the env and build results, the sources of ``kernels`` and ``engine``, the model
+* replay, blame: the env and build results, the sources of ``bringup_kernels`` and ``engine``, the model
   files as for e2e, the image's replay settings (replay) or the matrix's tolerances (blame), and
   what they read of the reference image (its e2e tokens; its replay folder).
 
@@ -36,9 +36,9 @@ from bringup.paths import REPO, vendor_dir
 
 # The code that runs inside the image: the stages, their helpers, and the plumbing they import.
 STAGE_CODE = ["bringup/stages/**/*.py", "bringup/artifacts.py", "common/*.py"]
-SOURCES = {"verify": ["kernels/**/*.py", "engine/**/*.py"], "ab": ["kernels/**/*.py"],
-           "e2e": ["kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"],
-           "peer": ["bringup/peer/*.py", "kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
+SOURCES = {"verify": ["bringup_kernels/**/*.py", "engine/**/*.py"], "ab": ["bringup_kernels/**/*.py"],
+           "e2e": ["bringup_kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"],
+           "peer": ["bringup/peer/*.py", "bringup_kernels/**/*.py", "engine/**/*.py", "engine/tiny/checkpoint/*"]}
 SOURCES["replay"] = SOURCES["blame"] = SOURCES["e2e"]
 # Model files above this size (the weights) count by name, size and modification time, not content.
 CONTENT_LIMIT = 1 << 20

@@ -70,7 +70,7 @@ def ready_on_sm90(name: str) -> tuple[ModuleType, dict[str, Any], dict[str, Any]
 
 
 def generator() -> tuple[Any, int]:
-    """A CPU generator with a fresh seed (inputs are drawn on the CPU, as kernels.cases does)."""
+    """A CPU generator with a fresh seed (inputs are drawn on the CPU, as bringup_kernels.cases does)."""
     import torch
 
     seed = secrets.randbelow(2**31)
@@ -79,8 +79,8 @@ def generator() -> tuple[Any, int]:
 
 def against_reference(out: Any, ref: Any) -> dict[str, Any]:
     """``out`` against the op's torch reference under the project's per-dtype tolerance."""
-    from kernels.compare import CLOSE, EQUAL, compare
-    from kernels.tolerance import tolerance_for
+    from bringup_kernels.compare import CLOSE, EQUAL, compare
+    from bringup_kernels.tolerance import tolerance_for
 
     diff = compare("out", out, ref, exact=False)
     tol = tolerance_for(out.dtype)

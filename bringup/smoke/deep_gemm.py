@@ -1,6 +1,6 @@
 """``python -m bringup.smoke.deep_gemm --json FILE``: import the built DeepGEMM; on an SM90 GPU,
 one FP8 GEMM with 128x128 block weight scales (``deep_gemm.fp8_gemm_nt``, bf16 out) against
-``kernels.ops.gemm.fp8_block_reference`` on fresh random inputs at a DeepSeek-V3 shape."""
+``bringup_kernels.ops.gemm.fp8_block_reference`` on fresh random inputs at a DeepSeek-V3 shape."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def check() -> dict:
     deep_gemm, imported, device = ready
     import torch
 
-    from kernels.cases import randn
-    from kernels.ops.gemm import fp8_block_reference
-    from kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.cases import randn
+    from bringup_kernels.ops.gemm import fp8_block_reference
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
     gen, seed = generator()
     a, a_scale = act_quant_reference(randn(gen, (M, K), torch.float32, "cuda"))

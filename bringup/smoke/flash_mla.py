@@ -1,6 +1,6 @@
 """``python -m bringup.smoke.flash_mla --json FILE``: import the built FlashMLA; on an SM90 GPU,
 one dense paged MLA decode (``flash_mla.flash_mla_with_kvcache``, bf16 cache of 64-token
-blocks, 576-wide keys, 512-wide values) against ``kernels.ops.attn.mla_decode_reference`` on
+blocks, 576-wide keys, 512-wide values) against ``bringup_kernels.ops.attn.mla_decode_reference`` on
 fresh random inputs: random context lengths and a shuffled block table."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ def check() -> dict:
     flash_mla, imported, device = ready
     import torch
 
-    from kernels.cases import randint, randn
-    from kernels.ops.attn import mla_decode_reference
+    from bringup_kernels.cases import randint, randn
+    from bringup_kernels.ops.attn import mla_decode_reference
 
     gen, seed = generator()
     blocks = BATCH * MAX_BLOCKS + 3

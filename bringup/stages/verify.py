@@ -1,11 +1,11 @@
 """The verify stage, inside the image: import everything, the ops self-check, an import with
 optional packages blocked, and the Triton feature probe.
 
-Writes ``verify.json`` with ``imports`` (every module of ``kernels`` and ``engine``: module,
-ok, error), ``ops`` (``kernels.report()``), ``ops_check`` (strict, backends used, how many ops
+Writes ``verify.json`` with ``imports`` (every module of ``bringup_kernels`` and ``engine``: module,
+ok, error), ``ops`` (``bringup_kernels.report()``), ``ops_check`` (strict, backends used, how many ops
 run a non-torch kernel, fallbacks, the strict error if any), ``blocked`` (``engine`` and
-``kernels`` imported in a fresh process with :data:`BLOCKED` refused, through
-``kernels.import_block``), ``probe`` (the ``python -m kernels.triton_probe --json`` payload) and
+``bringup_kernels`` imported in a fresh process with :data:`BLOCKED` refused, through
+``bringup_kernels.import_block``), ``probe`` (the ``python -m bringup_kernels.triton_probe --json`` payload) and
 ``problems`` (why the stage failed). An entry point that is not importable yet is reported
 as a problem with its reason, not a crash.
 """
@@ -26,12 +26,12 @@ from typing import Any
 from bringup.artifacts import FAILED, PASSED
 from bringup.stages.support.common import probe_versions
 
-PACKAGES = ("kernels", "engine")
+PACKAGES = ("bringup_kernels", "engine")
 # Optional packages the engine must import without (it falls back to its torch paths, or for
 # TileLang and the TVM runtimes it brings, to the backends below the tilelang backend).
 BLOCKED = ("triton", "transformers", "tilelang", "tvm", "tvm_ffi")
 NO_TORCH = "torch is not importable in this image: nothing to verify"
-BLOCKED_IMPORT = "import json, kernels, engine; print(json.dumps(kernels.report()['fallbacks']))"
+BLOCKED_IMPORT = "import json, bringup_kernels, engine; print(json.dumps(bringup_kernels.report()['fallbacks']))"
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -51,8 +51,8 @@ def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str,
 
 
 def _interpret_without_gpu() -> None:
-    """Without CUDA, Triton kernels run under the interpreter (as kernels.ab does)."""
-    from kernels.ab import use_interpreter_without_gpu
+    """Without CUDA, Triton kernels run under the interpreter (as bringup_kernels.ab does)."""
+    from bringup_kernels.ab import use_interpreter_without_gpu
 
     use_interpreter_without_gpu()
 
@@ -80,15 +80,15 @@ def _try_import(module: str) -> dict[str, Any]:
 
 
 def _ops_check(problems: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    import kernels
+    import bringup_kernels
 
     error = None
     try:
-        kernels.verify()
-    except kernels.StrictFallbackError as exc:
+        bringup_kernels.verify()
+    except bringup_kernels.StrictFallbackError as exc:
         error = str(exc)
         problems.append(f"ops: {error}")
-    report = kernels.report()
+    report = bringup_kernels.report()
     backends = [entry["backend"] for entry in report["ops"].values()]
     check = {"strict": report["strict"], "default_backend": report["default_backend"], "ops": len(backends),
              "kernels": sum(1 for b in backends if b not in (None, "torch")),
@@ -102,9 +102,9 @@ def _ops_check(problems: list[str]) -> tuple[dict[str, Any] | None, dict[str, An
 def _blocked_import(out: Path, problems: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"blocked": list(BLOCKED), "code": BLOCKED_IMPORT}
     try:
-        from kernels import import_block
+        from bringup_kernels import import_block
     except ImportError as exc:
-        problems.append(f"kernels.import_block is not importable yet ({exc})")
+        problems.append(f"bringup_kernels.import_block is not importable yet ({exc})")
         return {**result, "status": "unavailable", "reason": str(exc)}
     with tempfile.TemporaryDirectory(prefix="bringup-block-", dir=out) as tmp:
         env = import_block.blocked_env(list(BLOCKED), Path(tmp), dict(os.environ))
@@ -123,12 +123,12 @@ def _blocked_import(out: Path, problems: list[str]) -> dict[str, Any]:
 
 
 def _probe(out: Path, problems: list[str]) -> dict[str, Any]:
-    if importlib.util.find_spec("kernels.triton_probe") is None:
-        problems.append("kernels.triton_probe is not importable yet (no module kernels.triton_probe)")
-        return {"status": "unavailable", "reason": "no module kernels.triton_probe"}
+    if importlib.util.find_spec("bringup_kernels.triton_probe") is None:
+        problems.append("bringup_kernels.triton_probe is not importable yet (no module bringup_kernels.triton_probe)")
+        return {"status": "unavailable", "reason": "no module bringup_kernels.triton_probe"}
     with tempfile.TemporaryDirectory(prefix="bringup-probe-", dir=out) as tmp:
         path = Path(tmp) / "probe.json"
-        proc = subprocess.run([sys.executable, "-m", "kernels.triton_probe", "--json", str(path)], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([sys.executable, "-m", "bringup_kernels.triton_probe", "--json", str(path)], capture_output=True, text=True, timeout=900)
         sys.stdout.write(proc.stdout)
         try:
             payload = json.loads(path.read_text())
@@ -136,6 +136,6 @@ def _probe(out: Path, problems: list[str]) -> dict[str, Any]:
             payload = {"status": "unavailable", "reason": f"no JSON written (exit {proc.returncode}): "
                        + (proc.stderr.strip().splitlines() or ["no output"])[-1]}
     if proc.returncode != 0:
-        problems.append(f"kernels.triton_probe: exit {proc.returncode} (a Triton feature check failed)")
+        problems.append(f"bringup_kernels.triton_probe: exit {proc.returncode} (a Triton feature check failed)")
     return payload
 

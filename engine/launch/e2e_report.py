@@ -5,7 +5,7 @@
 
 ``report.json`` (``"schema": 1``): the stage header (``stage``, ``image``, ``run_id``, ``status``,
 ``started``, ``ended``, ``versions``), ``exit_code``, ``reason``, ``world_size``, ``device``,
-``backend``, ``model``, ``max_tokens``, ``ops`` (rank 0's ``kernels.report()``: each op's backend
+``backend``, ``model``, ``max_tokens``, ``ops`` (rank 0's ``bringup_kernels.report()``: each op's backend
 and every fallback) and ``ops_differ`` (ranks whose report differs), ``op_calls`` (per op, the calls
 each backend ran, summed over the ranks; ``{}``: the op never ran), ``native``, ``cuda_graphs`` (rank 0's captured
 decode batch sizes, None when eager), ``env`` (the rank

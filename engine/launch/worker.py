@@ -74,12 +74,12 @@ def join(job: Job, rank: int, local_rank: int, init_method: str, beat: Callable[
 
 def serve(job: Job, rank: int, device: str, backend: str, beat: Callable[[str], None]) -> dict:
     """Build the engine (the group is joined) and generate; returns the rank's result:
-    ``rank``, ``world_size``, ``pid``, ``device``, ``backend``, ``ops`` (kernels.report()),
+    ``rank``, ``world_size``, ``pid``, ``device``, ``backend``, ``ops`` (bringup_kernels.report()),
     ``native``, ``versions``, ``cuda_graphs`` (the decode batch sizes captured, None when
     eager), ``load_s``, ``generate_s`` and ``outputs`` (per prompt: token ids, text, logprobs,
     top-2 margins, finish reason, ``ttft_s``, ``decode_tok_s``)."""
-    import kernels
-    from kernels.versions import probe
+    import bringup_kernels
+    from bringup_kernels.versions import probe
 
     from .. import native
     from ..llm import LLM
@@ -96,7 +96,7 @@ def serve(job: Job, rank: int, device: str, backend: str, beat: Callable[[str], 
     print(f"rank {rank}: done in {generate_s:.2f} s", flush=True)
     graphs = llm.runner.graphs
     return {"rank": rank, "world_size": job.world_size, "pid": os.getpid(), "device": device, "backend": backend,
-            "ops": kernels.report(), "native": native.status(), "versions": probe(),
+            "ops": bringup_kernels.report(), "native": native.status(), "versions": probe(),
             "cuda_graphs": list(graphs.batch_sizes) if graphs is not None else None,
             "load_s": load_s, "generate_s": generate_s, "outputs": outputs}
 

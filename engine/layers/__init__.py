@@ -1,1 +1,1 @@
-"""Model building blocks; every one computes through the ``kernels`` ops (dense GEMMs: see linear.py)."""
+"""Model building blocks; every one computes through the ``bringup_kernels`` ops (dense GEMMs: see linear.py)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.ops import attn, gemm, kv
+from bringup_kernels.ops import attn, gemm, kv
 
 from ..config import ModelConfig
 from ..loader import LoadContext

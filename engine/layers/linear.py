@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import gemm, quant
+from bringup_kernels.ops import gemm, quant
 
 from ..loader import LoadContext, LoadError
 

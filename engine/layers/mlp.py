@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import act
+from bringup_kernels.ops import act
 
 from ..loader import LoadContext
 from .linear import BLOCK, concat_rows, load_linear

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import gemm, moe
+from bringup_kernels.ops import gemm, moe
 
 from ..config import ModelConfig
 from ..loader import LoadContext, LoadError

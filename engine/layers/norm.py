@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import norm
+from bringup_kernels.ops import norm
 
 
 class RMSNorm:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import rope
+from bringup_kernels.ops import rope
 
 from ..config import ModelConfig
 

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.ops import gemm
+from bringup_kernels.ops import gemm
 
 from ..config import ModelConfig
 from ..layers.attention import AttentionMeta, MLAttention

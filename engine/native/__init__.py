@@ -25,7 +25,7 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-from kernels.registry import strict
+from bringup_kernels.registry import strict
 
 from . import python_ops
 

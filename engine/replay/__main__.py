@@ -91,8 +91,8 @@ def prepare(args: argparse.Namespace):
 
 def run(args: argparse.Namespace, settings, generations, device: str, dtype: str) -> None:
     """Load the model, replay, write the files."""
-    import kernels
-    from kernels.versions import probe
+    import bringup_kernels
+    from bringup_kernels.versions import probe
 
     from ..llm import LLM
     from . import teacher_forced
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, settings, generations, device: str, dtype: str
               "device": device, "dtype": dtype, "settings": settings.to_json(),
               "reference": {"image": args.reference_image, "tokens": str(args.tokens), "sha256": file_sha256(args.tokens)},
               "prompts": len(replays), "positions": sum(len(r.token_ids) for r in replays),
-              "ops": kernels.report(), "versions": probe(), "timings": {"load_s": load_s, "replay_s": replay_s}}
+              "ops": bringup_kernels.report(), "versions": probe(), "timings": {"load_s": load_s, "replay_s": replay_s}}
     write(args.out, replays, report)
     say(f"replay: {report['positions']} positions of {len(replays)} prompts in {replay_s:.1f} s -> {args.out}")
 

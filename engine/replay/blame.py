@@ -65,9 +65,9 @@ def minimal_set(candidates: list[str], fixes: Callable[[frozenset[str]], bool]) 
 def switch_targets(here: dict, reference: dict, ran: set[str]) -> dict[str, str]:
     """op -> the backend to switch it to, for every op in ``ran`` that has one: the reference's
     backend for it when it differs from ours and serves here, else torch (``here`` and
-    ``reference`` are ``kernels.report()`` outputs)."""
-    from kernels import registry
-    from kernels.registry import TORCH, BackendUnavailable
+    ``reference`` are ``bringup_kernels.report()`` outputs)."""
+    from bringup_kernels import registry
+    from bringup_kernels.registry import TORCH, BackendUnavailable
 
     targets = {}
     for name in sorted(ran):
@@ -90,7 +90,7 @@ class Trials:
     reference's replay and cached by the set."""
 
     def __init__(self, make_llm, generations: list[Generation], settings, reference, tolerance):
-        from kernels import registry
+        from bringup_kernels import registry
 
         self.make_llm, self.generations, self.settings = make_llm, generations, settings
         self.reference, self.tolerance = reference, tolerance
@@ -101,14 +101,14 @@ class Trials:
         registry.reset_calls()
         self.runs: dict[frozenset[str], dict] = {}
         self.comparisons: dict[frozenset[str], object] = {}
-        self.report: dict = {}  # kernels.report() after the replay with nothing switched
+        self.report: dict = {}  # bringup_kernels.report() after the replay with nothing switched
 
     def run(self, switched: frozenset[str]):
         """The comparison of a replay with ``switched`` ops on their targets."""
         if switched in self.comparisons:
             return self.comparisons[switched]
-        import kernels
-        from kernels import registry
+        import bringup_kernels
+        from bringup_kernels import registry
 
         from . import files, teacher_forced
         from .compare import compare
@@ -118,7 +118,7 @@ class Trials:
             llm = self.make_llm() if switched & self.load_ops else self.llm
             replays = teacher_forced(llm, self.generations, self.settings)
             if not switched:
-                self.report = kernels.report()
+                self.report = bringup_kernels.report()
         ours = files.Replay(Path("."), {}, {r.prompt_index: r for r in replays})
         comparison = compare(self.reference, ours, self.tolerance)
         self.comparisons[switched] = comparison
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"blame: replaying {len(generations)} sequences of {args.reference_replay} on {device}, {dtype}")
     trials = Trials(make_llm, generations, settings, reference, tolerance)
     record = blame(trials)
-    from kernels.versions import probe
+    from bringup_kernels.versions import probe
 
     report = {"schema": 1, "status": "passed", "started": started, "ended": utc_now(), "blame": record.pop("status"), **record,
               "reference": {"replay": str(args.reference_replay), "image": (reference.report.get("reference") or {}).get("image"),

@@ -4,7 +4,7 @@
                          logprobs (of each forced token), top_ids and top_logprobs (top-5 per position)
     hidden.safetensors   "p<prompt index>.l<layer>": [kept positions, hidden] float32
     report.json          the run: settings, model, device, dtype, the reference tokens replayed
-                         (image, file, sha256), ops (kernels.report()), versions, timings
+                         (image, file, sha256), ops (bringup_kernels.report()), versions, timings
 
 Hidden states are bounded: :func:`check_size` refuses settings whose file would exceed
 :data:`MAX_HIDDEN_BYTES` before anything runs.

@@ -16,7 +16,7 @@ from bringup.stages.support import interrupts
 
 
 def probe_versions(python: str) -> dict[str, Any]:
-    """``kernels.versions.probe()`` as seen by ``python`` (a fresh process), or ``{"error"}``."""
+    """``bringup_kernels.versions.probe()`` as seen by ``python`` (a fresh process), or ``{"error"}``."""
     try:
         proc = subprocess.run([python, "-m", "bringup.stages.support.versions"], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -123,7 +123,7 @@ def stage_python(argv0: str, python: str) -> str:
 
 
 def run_recording_module(stage: str, argv: list[str], record_path: Path, exit_meaning: dict[int, str]) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """Run an entry point that writes its own JSON record (``kernels.ab --json``, ``engine.launch``,
+    """Run an entry point that writes its own JSON record (``bringup_kernels.ab --json``, ``engine.launch``,
     ``engine.replay``) and turn it into the stage's result: ``(status, body, versions)``. The
     command runs with kernel configurations that do not depend on timing
     (:func:`bringup.stages.support.tuning.fixed_configs`, recorded as ``kernel_configs``). The

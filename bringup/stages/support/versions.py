@@ -1,4 +1,4 @@
-"""``python -m bringup.stages.support.versions``: print ``kernels.versions.probe()`` as one JSON line.
+"""``python -m bringup.stages.support.versions``: print ``bringup_kernels.versions.probe()`` as one JSON line.
 
 Run with the interpreter being probed, so a stage can compare versions before and after it
 changed an environment. Without an importable torch it prints ``{"error": "..."}``.
@@ -12,7 +12,7 @@ import sys
 
 def main() -> int:
     try:
-        from kernels.versions import probe
+        from bringup_kernels.versions import probe
 
         payload = probe()
     except Exception as exc:  # noqa: BLE001 - any failure is what the probe reports
