@@ -101,14 +101,14 @@ def report(llm, batch: int, copy_bps: float, top: int) -> str:
         serial = f"; {serial_ms:.3f} ms with each step read back before the next is launched"
     graph_ms = replay_ms(llm, batch)
     kernels, host, n = profile_steps(llm, batch)
-    busy_ms = sum(t for t, _ in bringup_kernels.values()) / 1e3 / n
+    busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
     traced = "graph replays"
     if busy_ms < 0.5 * graph_ms:  # this profiler did not see the kernels a graph launches
         with graphs_off(llm):
             kernels, _, n = profile_steps(llm, batch)
-        busy_ms = sum(t for t, _ in bringup_kernels.values()) / 1e3 / n
+        busy_ms = sum(t for t, _ in kernels.values()) / 1e3 / n
         traced = "eager steps (the profiler saw no kernels inside graph replays; the same kernels run)"
-    launches = sum(c for _, c in bringup_kernels.values()) / n
+    launches = sum(c for _, c in kernels.values()) / n
     floor_ms = model.decode_step_bytes(model.CONFIG, batch, PROMPT + 24) / copy_bps * 1e3
     lines = [f"### Decode step, batch {batch} (CUDA graphs on)", "",
              f"- wall time of an engine step (median, {mode}): {wall_ms:.3f} ms{serial}; memory floor "
@@ -119,7 +119,7 @@ def report(llm, batch: int, copy_bps: float, top: int) -> str:
              f"exceeds the replay by {max(serial_ms - graph_ms, 0):.3f} ms (the host's part of a step, which "
              f"overlapped steps hide)",
              "", "| kernel | ms per step | launches per step | share of kernel time |", "|---|---|---|---|"]
-    for name, (us, count) in sorted(bringup_kernels.items(), key=lambda kv: -kv[1][0])[: top or None]:
+    for name, (us, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[: top or None]:
         lines.append(f"| `{name[:90]}` | {us / 1e3 / n:.4f} | {count / n:.0f} | {100 * us / 1e3 / n / busy_ms:.1f}% |")
     lines += ["", f"Host side, graph replays traced (self CPU time; the host ops ran `{native.status()['host_ops']}`):", "",
               "| host op | ms per step | calls per step |", "|---|---|---|"]

@@ -158,7 +158,7 @@ def test_torch_backend_run_shows_per_op_differences_and_classified_divergences(t
     # Kernel outputs: every case compared, numbers as computed straight from the dump files.
     (kernels,) = result.kernels
     assert result.kernel_failures() == 0
-    by_op = bringup_kernels.by_op()
+    by_op = kernels.by_op()
     direct = _max_rel(tmp_path / "torchref" / "ab", tmp_path / "local" / "ab")
     assert set(by_op) == set(direct)
     for op, worst in direct.items():

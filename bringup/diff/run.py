@@ -123,7 +123,7 @@ def print_summary(result: DiffResult) -> None:
         t = tokens.get(col.label)
         token_cell = "-" if t is None else f"{t.count(IDENTICAL)}/{t.count(NEAR_TIE)}/" + (f"[bold red]{t.count(REAL)}[/]" if t.count(REAL) else "0")
         fallbacks = result.fallbacks.get(col.label)
-        table.add_row(col.label, n_versions, _kernel_cell(bringup_kernels.get(col.label)), token_cell, "-" if fallbacks is None else str(len(fallbacks)))
+        table.add_row(col.label, n_versions, _kernel_cell(kernels.get(col.label)), token_cell, "-" if fallbacks is None else str(len(fallbacks)))
         for k in result.kernels:
             if k.backend and k.column.startswith(f"{col.label} ["):
                 table.add_row(k.column, "", _kernel_cell(k), "", "")
