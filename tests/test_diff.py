@@ -42,7 +42,7 @@ def real_runs(tmp_path_factory):
         proc = _python(["-m", "bringup_kernels.ab", "--ops", OPS, "--quick", "--backend", backend, "--dump", str(dump),
                         "--json", str(dump / "results.json")], env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        report = _python(["-c", "import json, kernels; print(json.dumps(bringup_kernels.report()))"], env)
+        report = _python(["-c", "import json, bringup_kernels; print(json.dumps(bringup_kernels.report()))"], env)
         assert report.returncode == 0, report.stderr
         runs[backend] = (dump, json.loads(report.stdout))
     return runs

@@ -87,7 +87,7 @@ def test_generate_with_the_tilelang_backend_requested_falls_back_and_matches_tor
 
 
 def test_strict_mode_refuses_the_missing_tilelang_naming_it(tmp_path):
-    code = "import engine, kernels; bringup_kernels.verify()"
+    code = "import engine, bringup_kernels; bringup_kernels.verify()"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=environment(tmp_path, True, ENGINE_OPS_BACKEND_GEMM_FP8_BLOCK="tilelang", ENGINE_OPS_STRICT="1"))
     assert proc.returncode != 0

@@ -229,7 +229,7 @@ def test_importing_kernels_imports_no_vendor_extension(tmp_path):
     marker = tmp_path / "imported"
     for name in backend_env.VENDOR:
         fake_extension(tmp_path, name, f"open({str(marker)!r}, 'a').write({name!r} + '\\n')")
-    code = ("import json, sys, kernels, bringup_kernels.ops\n"
+    code = ("import json, sys, bringup_kernels, bringup_kernels.ops\n"
             "from bringup_kernels.ops import gemm\n"
             "report = bringup_kernels.report()\n"
             "print(json.dumps({'vendor_modules': sorted(m for m in sys.modules if m.startswith('bringup_kernels.vendor')),"
