@@ -7,6 +7,7 @@ exits 2 on a bad value, matrix or recipe, and a summary table at the end.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -37,13 +38,21 @@ def _artifacts(artifacts: str) -> str:
     return artifacts or str(cli.DEFAULT_ARTIFACTS)
 
 
-@task(help={"k": "pytest -k expression", "m": "pytest -m marker expression", "x": "stop at the first failure"})
-def test(c, k="", m="", x=False):
-    """Run the test suite (GPU tests skip without CUDA, docker tests without a daemon)."""
+@task(help={"k": "pytest -k expression", "m": "pytest -m marker expression", "x": "stop at the first failure",
+            "jobs": "test processes: auto (one per core, the default), N, or 0 (in one process)"})
+def test(c, k="", m="", x=False, jobs="auto"):
+    """Run the test suite (GPU tests skip without CUDA, docker tests without a daemon), spread over
+    ``jobs`` processes by pytest-xdist when it is installed (one test module per process at a time,
+    so a module's fixtures are made once)."""
+    if jobs != "auto" and not jobs.isdigit():
+        print(f"error: --jobs: expected auto or a number of processes (0: in one process), got {jobs!r}", file=sys.stderr)
+        raise Exit(code=2)
     argv = [sys.executable, "-m", "pytest", "-q"]
     argv += ["-k", k] if k else []
     argv += ["-m", m] if m else []
     argv += ["-x"] if x else []
+    if jobs != "0" and importlib.util.find_spec("xdist") is not None:
+        argv += ["-n", jobs, "--dist", "loadfile"]
     _exit(subprocess.call(argv, cwd=Path(__file__).resolve().parent))
 
 
