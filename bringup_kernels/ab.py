@@ -4,8 +4,8 @@
                          [--dump DIR] [--compare DIR] [--json FILE]
 
 Each case draws fresh seeded random inputs (identical on every machine), runs the backend
-and the reference, and compares every output (exact where the op demands it, else within the
-dtype's tolerance). ``--backend NAME`` tests the ops that have that backend (default:
+and the reference (on copies of the backend's inputs, taken before it runs), and compares
+every output (exact where the op demands it, else within the dtype's tolerance). ``--backend NAME`` tests the ops that have that backend (default:
 ``ENGINE_OPS_BACKEND``, else the registry's default here, which every op has). ``--all-backends`` also tests every other backend
 (vendor ones included; torch, the reference itself, only as ``--backend``) of the selected ops.
 

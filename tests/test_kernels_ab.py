@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bringup_kernels import ab, registry
-from bringup_kernels.cases import generator
+from bringup_kernels.cases import Case, generator
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -304,3 +304,22 @@ def test_the_tuners_time_every_candidate_that_runs_and_rank_them(monkeypatch):
     assert tuning.time_candidates(["narrow", "huge", "wide"], run, "op") == [(1.0, "wide"), (2.0, "narrow")]
     with pytest.raises(RuntimeError, match="op at M=3: no candidate configuration ran: out of shared memory"):
         tuning.time_candidates(["huge"], run, "op at M=3")
+
+
+def test_the_reference_runs_on_copies_of_the_backends_own_inputs():
+    """A case whose every build draws different inputs, and an op that writes into one of them:
+    the A/B passes only if the reference gets copies of the backend's inputs taken before it ran."""
+    builds = []
+
+    def make(gen, device):
+        builds.append(None)
+        x = torch.randn(8, 16, generator=gen) + len(builds)  # a second build would differ
+        return (x, torch.randn(8, 16, generator=gen)), {}
+
+    def accumulate(x, out):
+        return out.add_(x)  # in place, as the cache ops write
+
+    op = registry.Op("test.accumulate", accumulate, ("out",), cases=lambda quick: [Case("drifting", make)])
+    (result,) = ab.run_cases([op], registry.TORCH, quick=True, seed=ab.DEFAULT_SEED)
+    assert len(builds) == 1
+    assert result.status == ab.PASSED and result.outputs[0].status == "equal", _describe([result])
