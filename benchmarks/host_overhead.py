@@ -14,6 +14,11 @@ difference is the registry's dispatch. Kernel configurations are the untimed def
 directly after their first call (``ENGINE_OPS_DIRECT_LAUNCH=1``, :mod:`bringup_kernels.triton.launch`),
 where Triton's version allows it.
 
+Before the ops, the host's floor: rows for what any eager op call pays at least here: a
+``torch.empty`` of a decode token's activation, one ATen kernel (an in-place add), and an
+empty ``@triton.jit`` kernel launched through Triton and launched directly. An op whose
+wrappers cost nothing would still pay the allocation and its launch.
+
 ``--wrappers`` (no GPU needed; prints, writes nothing): the Triton backend's own Python, the
 part of the cost this project writes, timed the same way on CPU tensors with every kernel
 launch of the four ops replaced by a call that does nothing; what Triton's launcher adds on a
@@ -37,6 +42,7 @@ import time
 from typing import Callable, Iterator
 
 import torch
+import triton
 
 from . import harness
 from .harness import Row
@@ -61,6 +67,31 @@ def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], No
         per_call.append((time.perf_counter() - start) / calls * 1e6)
         sync()
     return statistics.median(per_call)
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    """Does nothing: its call is Triton's launch path alone."""
+
+
+def floor_rows(calls: int) -> list[Row]:
+    """The host's floor per eager call (module doc), each as :func:`host_us_per_call` times it."""
+    from bringup_kernels.triton.launch import DirectLaunch
+
+    x = torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16)
+    direct = DirectLaunch(_empty_kernel)
+    floors = [("torch.empty", "1x7168 bf16", lambda: torch.empty(1, 7168, device="cuda", dtype=torch.bfloat16)),
+              ("one ATen kernel (x.add_(1))", "1x7168 bf16", lambda: x.add_(1.0)),
+              ("empty Triton kernel through Triton", "1 program", lambda: _empty_kernel[(1,)](x)),
+              ("empty Triton kernel launched directly", "1 program", lambda: direct[(1,)](x))]
+    rows = []
+    with harness.direct_launch(True) as in_force:
+        for name, shape, fn in floors:
+            if "directly" in name and not in_force:
+                continue
+            rows.append(Row(f"host floor {name}", shape, f"{host_us_per_call(fn, calls):.1f} us/call", "-", "-", "-",
+                            "what an eager op call pays at least on this host"))
+    return rows
 
 
 def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple, dict]]]]:
@@ -183,7 +214,7 @@ def measure(args) -> list[Row]:
     backends = harness.usable_backends(BACKENDS, "host_overhead")
     from bringup_kernels import registry
 
-    rows = []
+    rows = floor_rows(args.calls)
     for op_name, shape, make in cases():
         for backend in [b for b in backends if b in registry.get(op_name).backends]:
             rows.append(backend_row(op_name, shape, make, backend, args.calls))
