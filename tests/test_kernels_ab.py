@@ -201,6 +201,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
                     patch.setattr(gemm, "num_sms", lambda device: 3)
                     persistent = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True, persistent=True))
                 assert torch.equal(pointer, persistent), (bm, bn, "persistent", out_dtype)
+            if (bm, bn, split) == (64, 64, 1):  # warp-specialized (benchmarks.gemm_ws; its 128-row tiles hang on an H200)
+                specialized = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True, warp_specialize=True))
+                assert torch.equal(pointer, specialized), (bm, bn, "warp-specialized", out_dtype)
     if gemm.has_tma(a.device):
         assert choose_config(a, sa, b, sb, torch.bfloat16).tma, "prefill shapes default to TMA where it runs"
         assert not choose_config(a[:200], sa[:200], b, sb, torch.bfloat16).tma, "narrow outputs at M <= 256 keep the pointer loads"
@@ -215,9 +218,36 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
         launch(shifted, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, tma=True))
     with pytest.raises(ValueError, match="persistent tiles need TMA and no K split"):
         launch(a, sa, b, sb, torch.bfloat16, Config(64, 64, 3, 4, 3, tma=True, persistent=True))
+    with pytest.raises(ValueError, match="warp specialization needs TMA tiles, not persistent"):
+        launch(a, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, warp_specialize=True))
     prefill = gemm.candidates(4096, 2112, 7168, 132, tma=True)
     assert not prefill[0].persistent and prefill[-1].persistent  # timed by the tuner, never the default
+    assert not any(c.warp_specialize for c in prefill)  # measured slower or hanging: benchmarks.gemm_ws only
     assert not any(c.persistent for c in gemm.candidates(64, 2112, 7168, 132, tma=True))
+
+
+@pytest.mark.gpu
+def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
+    """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
+    without a producer partition, computes the Triton kernel's sums in the same order: the same
+    bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.triton.gemm import fp8_block
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+
+    if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
+    gen = generator(13)
+    for m, n, k in ((300, 200, 384), (520, 384, 1280)):  # odd and even K block counts, no K splits
+        a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
+        b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
+        for out_dtype in (torch.bfloat16, torch.float32):
+            expected = fp8_block(a, sa, b, sb, out_dtype)
+            for bm, bn, stages, warps in ((128, 128, 4, 8), (128, 64, 4, 8), (64, 128, 4, 4)):
+                for producer in (False, True):
+                    out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
+                    launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=producer)
+                    assert torch.equal(out, expected), (m, n, k, bm, bn, stages, producer, out_dtype)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
@@ -240,6 +270,7 @@ def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, c
             return launch
 
     monkeypatch.setattr(gemm, "_fp8_gemm_tma_kernel", FailingTma())
+    monkeypatch.setattr(gemm, "has_gluon", lambda device: False)  # the prefill default on a Hopper GPU
     monkeypatch.setattr(gemm, "_TMA_FAILED", [])
     monkeypatch.setattr(gemm, "TIMED", {})
     out = gemm.fp8_block(a, sa, b, sb)
@@ -249,6 +280,43 @@ def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, c
     assert not gemm.has_tma(a.device) and not gemm.choose_config(a, sa, b, sb, torch.bfloat16).tma
     gemm.fp8_block(a, sa, b, sb)
     assert "TMA tiles failed" not in capsys.readouterr().err, "said once"
+
+
+def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(monkeypatch, capsys):
+    """Where the Gluon tiles can run, prefill shapes default to them (timed first by the tuner,
+    never at decode shapes); should they fail, the call runs on the Triton tiles, says so once,
+    and the process offers them no more. Here their launch is made to fail."""
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+    from bringup_kernels.triton import gemm
+
+    assert gemm.candidates(4096, 2112, 7168, 132, tma=True, gluon=True)[0].gluon
+    assert not any(c.gluon for c in gemm.candidates(4096, 2112, 7168, 132, tma=True))
+    assert not any(c.gluon for c in gemm.candidates(128, 2112, 7168, 132, tma=True, gluon=True))
+    gen = generator(14)
+    a, sa = act_quant_reference(torch.randn(300, 256, generator=gen).to(DEVICE))
+    b, sb = quantize_weight(torch.randn(72, 256, generator=gen).to(DEVICE) * 256 ** -0.5)
+    if not gemm.has_tma(a.device):
+        pytest.skip("no TMA tiles here")
+    if not gemm.has_gluon(a.device):
+        with pytest.raises(ValueError, match="the Gluon tiles need a Hopper GPU, TMA and no K split"):
+            gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(128, 128, 1, 8, 4, tma=True, gluon=True))
+
+    def failing_launch(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(gemm, "_GLUON_FAILED", [])
+    monkeypatch.setattr(gemm, "has_gluon", lambda device: not gemm._GLUON_FAILED)
+    monkeypatch.setattr(gemm, "launch_gluon", failing_launch)
+    monkeypatch.setattr(gemm, "TIMED", {})
+    assert gemm.choose_config(a, sa, b, sb, torch.bfloat16).gluon
+    monkeypatch.setattr(gemm, "TIMED", {})
+    out = gemm.fp8_block(a, sa, b, sb)
+    assert torch.equal(out, gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(128, 128, 1, 8, 4, tma=True)))
+    assert "gemm.fp8_block: the Gluon tiles failed here (RuntimeError: PassManager::run failed)" in capsys.readouterr().err
+    monkeypatch.setattr(gemm, "TIMED", {})
+    assert not gemm.choose_config(a, sa, b, sb, torch.bfloat16).gluon
+    gemm.fp8_block(a, sa, b, sb)
+    assert "Gluon tiles failed" not in capsys.readouterr().err, "said once"
 
 
 def test_gemm_rejects_a_split_that_does_not_divide_k():

@@ -45,6 +45,7 @@ except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: no
 from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import await_inputs, cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
+from .gemm_gluon import gluon_reason, launch_gluon
 from .launch import direct
 from .tuning import time_candidates
 
@@ -65,11 +66,14 @@ class Config:
     group_m: int = 8
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
     persistent: bool = False  # with tma and no K split: one program per SM loops over the tiles
+    warp_specialize: bool = False  # with tma: the K loop split into a TMA producer and MMA consumers
+    gluon: bool = False  # the Gluon kernel (gemm_gluon.py) with its producer partition, for prefill on Hopper
 
     def label(self) -> str:
         """Short form for tables: ``128x128 split1 w8 s4 tma``."""
         return (f"{self.block_m}x{self.block_n} split{self.split_k} w{self.num_warps} s{self.num_stages}"
-                + (" tma" if self.tma else "") + (" persistent" if self.persistent else ""))
+                + (" tma" if self.tma else "") + (" persistent" if self.persistent else "")
+                + (" ws" if self.warp_specialize else "") + (" gluon" if self.gluon else ""))
 
 
 @triton.jit
@@ -160,8 +164,10 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, stride_am, strid
 @triton.jit  # not @direct: descriptor arguments have no launch key, every call goes through Triton
 def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn, stride_cs,
                          stride_cm, K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # The pointer kernel with its A and B tiles from TMA descriptors (zeros past the edges).
+                         BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr):
+    # The pointer kernel with its A and B tiles from TMA descriptors (zeros past the edges). With
+    # WS, Triton's warp specialization (Hopper: only at 4 warps) gives the loads to a producer warp
+    # group and the dots and scaling to consumer groups; the same operations in the same order.
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     PER_SPLIT: tl.constexpr = K_BLOCKS // SPLIT_K
@@ -169,7 +175,7 @@ def _fp8_gemm_tma_kernel(a_desc, as_ptr, b_desc, bs_ptr, c_ptr, M, N, stride_asm
     as_ptrs, bs_ptrs = _scale_pointers(as_ptr, bs_ptr, pid_m, pid_n, kb_start, M, N, stride_asm, stride_ask, stride_bsn,
                                        BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for i in range(PER_SPLIT):
+    for i in tl.range(PER_SPLIT, warp_specialize=WS):
         k0 = (kb_start + i) * BLOCK_K
         a = a_desc.load([pid_m * BLOCK_M, k0])
         b = b_desc.load([pid_n * BLOCK_N, k0])
@@ -258,16 +264,30 @@ def has_tma(device: torch.device) -> bool:
     return interpret_mode()
 
 
+# Why the Gluon tiles failed to compile or launch in this process (then they are not offered again).
+_GLUON_FAILED: list[str] = []
+
+
+def has_gluon(device: torch.device) -> bool:
+    """Whether the Gluon prefill tiles can run on ``device``: a GPU of compute capability 9.x
+    (they are written for Hopper's warpgroup MMA; no interpreter), this Triton's Gluon, and they
+    have not failed here."""
+    return (device.type == "cuda" and not _GLUON_FAILED and gluon_reason() is None and has_tma(device)
+            and _cuda_capability(device) == 9)
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_capability(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[Config]:
+def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: bool = False) -> list[Config]:
     """The configurations worth timing for this shape; the first is the untimed default. With
     ``tma`` every tile is also offered through TMA descriptors; the default takes them where the
     tuner found them fastest (see :func:`_tiles`); prefill shapes also get each TMA tile as
-    persistent programs, timed last."""
+    persistent programs, timed last. With ``gluon`` (and ``tma``) prefill shapes default to the
+    Gluon kernel's 128 x 128 tile (``benchmarks.gemm_prefill``, H200, 2026-12-03: 1.00-1.27x the
+    Triton default at the four DeepSeek-V3 shapes, the same bits)."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     tiles, default_tma = _tiles(bucket, n, num_sms)
     configs = []
@@ -282,6 +302,8 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> list[
         configs = through_tma[:1] + configs + through_tma[1:] if default_tma else configs + through_tma
         if bucket > 256:  # and, timed last, persistent: one program per SM looping over the tiles
             configs += [replace(c, persistent=True) for c in through_tma]
+        if bucket > 256 and gluon:
+            configs.insert(0, Config(128, 128, 1, 8, 4, tma=True, gluon=True))
     return configs
 
 
@@ -306,9 +328,9 @@ def _tiles(bucket: int, n: int, num_sms: int) -> tuple[list[tuple[int, int, int,
 
 
 @functools.lru_cache(maxsize=4096)
-def default_config(m: int, n: int, k: int, num_sms: int, tma: bool = False) -> Config:
+def default_config(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: bool = False) -> Config:
     """The untimed default configuration of a shape (its first candidate), computed once."""
-    return candidates(m, n, k, num_sms, tma)[0]
+    return candidates(m, n, k, num_sms, tma, gluon)[0]
 
 
 def tma_usable(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -339,6 +361,13 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     split_stride = target.stride(0) if split > 1 else 0
     if config.persistent and not (config.tma and split == 1):
         raise ValueError(f"gemm.fp8_block: {config}: persistent tiles need TMA and no K split")
+    if config.gluon:
+        if not (config.tma and split == 1 and not config.persistent and has_gluon(a.device)):
+            raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU, TMA and no K split")
+        return launch_gluon(a, a_scale, b, b_scale, out, config.block_m, config.block_n, config.num_stages,
+                            config.num_warps, warp_specialize=True, group_m=config.group_m)
+    if config.warp_specialize and not (config.tma and not config.persistent):
+        raise ValueError(f"gemm.fp8_block: {config}: warp specialization needs TMA tiles, not persistent")
     if config.tma:
         a_desc = TensorDescriptor(a, [m, k], [k, 1], [config.block_m, BLOCK])
         b_desc = TensorDescriptor(b, [n, k], [k, 1], [config.block_n, BLOCK])
@@ -350,7 +379,7 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
                                                        **shape)
     elif config.tma:
         _fp8_gemm_tma_kernel[grid](a_desc, a_scale, b_desc, b_scale, target, m, n, a_scale.stride(0), a_scale.stride(1),
-                                   b_scale.stride(0), split_stride, n, **shape)
+                                   b_scale.stride(0), split_stride, n, WS=config.warp_specialize, **shape)
     else:
         _fp8_gemm_kernel[grid](a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
                                b.stride(0), b_scale.stride(0), split_stride, n, **shape)
@@ -369,13 +398,14 @@ def choose_config(a, a_scale, b, b_scale, out_dtype: torch.dtype) -> Config:
     m, k = a.shape
     n = b.shape[0]
     tma = tma_usable(a, b)
-    key = (m_bucket(m), n, k, out_dtype, a.device, tma)
+    gluon = tma and has_gluon(a.device)
+    key = (m_bucket(m), n, k, out_dtype, a.device, tma, gluon)
     if key in TIMED:
         return TIMED[key][1][0][1]
     sms = num_sms(a.device)
     if a.device.type != "cuda" or not tuning_enabled() or torch.cuda.is_current_stream_capturing():
-        return default_config(m, n, k, sms, tma)
-    configs = candidates(m, n, k, sms, tma)
+        return default_config(m, n, k, sms, tma, gluon)
+    configs = candidates(m, n, k, sms, tma, gluon)
     TIMED[key] = configs[0], time_candidates(configs, lambda c: launch(a, a_scale, b, b_scale, out_dtype, c),
                                              f"gemm.fp8_block at M={m}, N={n}, K={k}")
     return TIMED[key][1][0][1]
@@ -389,6 +419,14 @@ def fp8_block(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
     a_scale = a_scale if a_scale.dtype == torch.float32 else a_scale.float()
     b_scale = b_scale.float().contiguous()
     config = choose_config(a, a_scale, b, b_scale, out_dtype)
+    if config.gluon:
+        try:
+            return launch(a, a_scale, b, b_scale, out_dtype, config)
+        except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to the Triton tiles
+            _GLUON_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            print(f"[kernels] gemm.fp8_block: the Gluon tiles failed here ({_GLUON_FAILED[0]}); using the Triton tiles",
+                  file=sys.stderr)
+            config = choose_config(a, a_scale, b, b_scale, out_dtype)
     if config.tma:
         try:
             return launch(a, a_scale, b, b_scale, out_dtype, config)

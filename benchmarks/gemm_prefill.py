@@ -1,0 +1,152 @@
+"""Candidate prefill tiles of ``gemm.fp8_block`` against the engine's default tile and DeepGEMM, at
+the M = 4096 DeepSeek-V3 shapes: Triton's warp-specialized TMA tiles (``tl.range(...,
+warp_specialize=True)``: a producer warp group issues the TMA loads, consumer groups run the dots
+and the per-K-block scaling) and the Gluon kernel of :mod:`bringup_kernels.triton.gemm_gluon`
+(each product's MMA issued one block ahead of its scaling).
+``python -m benchmarks.gemm_prefill [--limit S] [--configs LIST] [--out FILE] [--no-write]``.
+
+Each candidate runs alone in a child process under ``--limit`` seconds (a launch that never
+returns is reported as such, not waited for): its time at each shape, then its bits on a ragged
+300 x 200 x 384 problem against the engine's Triton kernel (the same tile without
+specialization, or the default tile for Gluon) and its error against the reference. The parent
+times the default configuration and, where eligible, DeepGEMM on the same operands (do_bench,
+warm L2). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
+those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon kernel with a
+producer partition issuing its TMA loads).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Callable
+
+import torch
+
+from . import harness
+from .gemm import operands
+from .harness import Row
+
+SHAPES = [(4096, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
+CONFIGS = ("gluon-ws:128x128x4x8,gluon-ws:128x64x4x8,gluon-ws:128x64x6x8,gluon-ws:64x128x4x4,gluon:128x64x4x8,"
+           "ws:64x128x4")
+
+
+def candidate(text: str) -> tuple[str, Callable, Callable]:
+    """``(label, run, baseline)`` of one candidate: ``run(a, sa, b, sb)`` and the engine's Triton
+    launch it is compared with bit for bit, both returning a bf16 ``out``."""
+    from bringup_kernels.triton import gemm
+    from bringup_kernels.triton.gemm_gluon import launch_gluon
+
+    kind, _, sizes = text.partition(":")
+    if kind == "ws":
+        bm, bn, stages = (int(v) for v in sizes.split("x"))
+        config = gemm.Config(bm, bn, 1, 4, stages, tma=True, warp_specialize=True)
+        plain = gemm.Config(bm, bn, 1, 4, stages, tma=True)
+        return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
+                lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain))
+    if kind in ("gluon", "gluon-ws"):
+        bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
+
+        def run(a, sa, b, sb):
+            out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
+            return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws")
+
+        return f"{kind} {bm}x{bn} s{stages} w{warps}", run, lambda a, sa, b, sb: gemm.fp8_block(a, sa, b, sb)
+    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, gluon:BMxBNxSTAGESxWARPS or gluon-ws:BMxBNxSTAGESxWARPS")
+
+
+def child(text: str) -> None:
+    """Print, as JSON lines: ms per shape, then the bits check, of candidate ``text``."""
+    from bringup_kernels.ops.gemm import fp8_block_reference
+
+    _, run, baseline = candidate(text)
+    for m, n, k in SHAPES:
+        a, sa, b, sb = operands(m, n, k)
+        ms = harness.median_ms(lambda: run(a, sa, b, sb))
+        print(json.dumps({"shape": [m, n, k], "ms": ms}), flush=True)
+    a, sa, b, sb = operands(300, 200, 384)
+    out, ref = run(a, sa, b, sb), baseline(a, sa, b, sb)
+    exact = fp8_block_reference(a, sa, b, sb, torch.bfloat16).float()
+    torch.cuda.synchronize()
+    print(json.dumps({"equal": torch.equal(out, ref), "max_abs": (out.float() - ref.float()).abs().max().item(),
+                      "ref_abs": (out.float() - exact).abs().max().item(), "ref_max": exact.abs().max().item()}), flush=True)
+
+
+def run_child(text: str, limit: float) -> tuple[dict, dict, str]:
+    """``(bits check, {shape: ms}, what went wrong or "")`` of one configuration's child process."""
+    argv = [sys.executable, "-m", "benchmarks.gemm_prefill", "--child", text]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
+        out, problem = done.stdout, "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired as exc:
+        out, problem = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or "", \
+            f"no result within {limit:.0f} s (a launch that did not return)"
+    check, times = {}, {}
+    for line in out.splitlines():
+        record = json.loads(line)
+        if "shape" in record:
+            times[tuple(record["shape"])] = record["ms"]
+        else:
+            check = record
+    return check, times, problem
+
+
+def measure(args) -> list[Row]:
+    from bringup_kernels import registry
+    from bringup_kernels.triton.common import num_sms
+    from bringup_kernels.triton.gemm import default_config, launch
+
+    results = [(text, *run_child(text, args.limit)) for text in args.configs.split(",")]
+    rows = harness.LiveRows()
+    peers = {}
+    deep_gemm = registry.get("gemm.fp8_block").load("deep_gemm") if harness.usable_backends(["deep_gemm"], "gemm") else None
+    for m, n, k in SHAPES:
+        a, sa, b, sb = operands(m, n, k)
+        default = default_config(m, n, k, num_sms(a.device), tma=True)
+        ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default))
+        peer = harness.median_ms(lambda: deep_gemm(a, sa, b, sb, torch.bfloat16)) if deep_gemm else None
+        peers[(m, n, k)] = ms, peer
+        rows.append(_row(f"gemm.fp8_block default {default.label()}", (m, n, k), ms, peer, ""))
+    for text, check, times, problem in results:
+        bits = ("bits equal to the engine's kernel" if check.get("equal") else
+                f"max abs {check['max_abs']:.3g} from the engine's kernel" if check else "bits not checked")
+        if check:
+            bits += f", {check['ref_abs']:.3g} from the reference (max {check['ref_max']:.3g})"
+        label = candidate(text)[0]
+        if not times:
+            rows.append(Row(f"gemm.fp8_block {label}", "-", "-", "-", "-", "-", f"{bits}; {problem or 'no timing'}"))
+        for shape, ms in times.items():
+            default_ms, peer = peers[shape]
+            rows.append(_row(f"gemm.fp8_block {label}", shape, ms, peer,
+                             f"{harness.speedup(ms, default_ms, 'default')}; {bits}" + (f"; {problem}" if problem else "")))
+    return rows
+
+
+def _row(name: str, shape: tuple, ms: float, peer: float | None, notes: str) -> Row:
+    m, n, k = shape
+    return Row(name, f"{m}x{n}x{k}", f"{ms:.4f} ms", f"{harness.tflop_s(2 * m * n * k, ms):.0f} TFLOP/s", "-",
+               harness.speedup(ms, peer, "DeepGEMM") if peer else "-",
+               "; ".join(filter(None, [notes, f"DeepGEMM {peer:.4f} ms" if peer else "DeepGEMM not here"])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        child(argv[1])
+        return 0
+    p = harness.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--limit", type=float, default=90, help="seconds each configuration's child may run (default 90)")
+    p.add_argument("--configs", default=CONFIGS, help=f"candidates, comma-separated (default {CONFIGS})")
+    args = p.parse_args(argv)
+    for text in args.configs.split(","):
+        try:
+            candidate(text)
+        except ValueError as exc:
+            p.error(str(exc))
+    return harness.run("gemm.fp8_block prefill tile candidates vs default and DeepGEMM", measure, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

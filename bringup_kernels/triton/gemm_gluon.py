@@ -1,0 +1,198 @@
+"""Gluon FP8 block-scaled GEMM for prefill shapes on Hopper: ``out = (A * sa) @ (B * sb)^T``, the
+contract and the arithmetic of :mod:`bringup_kernels.triton.gemm`, scheduled by hand.
+
+Each program computes one BLOCK_M x BLOCK_N output tile (grouped order, as the Triton kernel) with
+``num_warps`` warps. A and B tiles of each 128-wide K block arrive through a ring of ``STAGES``
+shared-memory buffers filled by TMA, each with its own mbarrier (with ``WS``, by a one-warp
+producer partition that refills a stage as soon as the consumers free it; else by the same
+warps, between their MMAs). Every K block's product is a
+warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued asynchronously *one block ahead
+of its scaling*: while the tensor cores compute block i's product, the warps add block i-1's
+product times ``sa[row, i-1] * sb[i-1]`` into the accumulator, then hand block i-1's buffers back
+to TMA for block i + STAGES - 1. The Triton kernel's loop waits for each product before scaling
+it, so the tensor cores idle while the warps scale; the sums here are the same, in the same order
+(the same bits where both compile the product alike: the A/B and tests compare them).
+
+Needs Triton's Gluon with its Hopper module (``gluon_reason()`` says why not) and a GPU of compute
+capability 9.x: no interpreter. Rows past M and columns past N read as zeros (TMA) and are not
+stored; the A scales of such rows are read from wrapped rows, as the Triton kernel does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except (ImportError, AttributeError) as exc:  # a Triton without Gluon or its Hopper API: the tiles are not offered
+    _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
+else:
+    _IMPORT_ERROR = None
+
+BLOCK_K = 128
+_BLOCK_K = gl.constexpr(BLOCK_K) if _IMPORT_ERROR is None else BLOCK_K
+_PRODUCER_REGISTERS = gl.constexpr(40) if _IMPORT_ERROR is None else 40  # per thread of the one-warp producer partition (it holds a few indices)
+# Registers per thread with a producer partition: its warps and the kernel's make warpgroups of
+# 4; one program per SM shares 65536 registers (the consumers get the producer's unused share).
+_WS_MAXNREG = 168
+
+
+def gluon_reason() -> str | None:
+    """None when this Triton has the Gluon Hopper API the kernel is written in, else why not."""
+    return _IMPORT_ERROR
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES: gl.constexpr):
+        """TMA of K block ``kb``'s A and B tiles into stage ``kb % STAGES``, completing its barrier."""
+        stage = kb % STAGES
+        bar = ready.index(stage)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, [pid_m * a_desc.block_type.shape[0], kb * _BLOCK_K], bar, a_bufs.index(stage))
+        tma.async_copy_global_to_shared(b_desc, [pid_n * b_desc.block_type.shape[0], kb * _BLOCK_K], bar, b_bufs.index(stage))
+
+    @gluon.jit
+    def _issue_product(a_bufs, b_bufs, ready, into, kb, STAGES: gl.constexpr):
+        """Wait for K block ``kb``'s tiles, then start their product (asynchronous; into the
+        registers of ``into``, whose values it ignores)."""
+        stage = kb % STAGES
+        mbarrier.wait(ready.index(stage), (kb // STAGES) & 1)
+        return warpgroup_mma(a_bufs.index(stage), b_bufs.index(stage).permute((1, 0)), into, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _block_scale(as_ptr, bs_ptr, rows, kb, stride_ask, bs_row):
+        """``sa[rows, kb] * sb[n block, kb]``: the scale of K block ``kb``'s product, per row."""
+        return gl.load(as_ptr + rows + kb * stride_ask) * gl.load(bs_ptr + bs_row + kb)
+
+    @gluon.jit
+    def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb, pid_m, pid_n, K_BLOCKS: gl.constexpr,
+                       STAGES: gl.constexpr, WS: gl.constexpr):
+        """K block ``kb``'s product is done, its stage free: with a producer partition (WS), say so
+        on the stage's ``empty`` barrier; else load block ``kb + STAGES`` (if any) into it here."""
+        if WS:
+            mbarrier.arrive(empty.index(kb % STAGES), count=1)
+        elif kb + STAGES < K_BLOCKS:
+            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb + STAGES, pid_m, pid_n, STAGES)
+
+    @gluon.jit
+    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, K_BLOCKS: gl.constexpr,
+                 STAGES: gl.constexpr):
+        """The producer partition: every K block's tiles into its stage once the stage is free
+        (a fresh barrier counts as freed, so the first round does not wait)."""
+        for kb in range(K_BLOCKS):
+            mbarrier.wait(empty.index(kb % STAGES), ((kb // STAGES) & 1) ^ 1)
+            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES)
+
+    @gluon.jit
+    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
+                 pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
+                 mma: gl.constexpr):
+        """``(acc,)``: the tile's fp32 accumulator over all K blocks (the MMAs and the scaling; without WS
+        also the loads after the first STAGES blocks).
+
+        K blocks go in pairs. Each iteration issues the even block's product, scales in the odd
+        product of the iteration before while it runs, issues the odd block's product, scales in
+        the even one while that runs, then waits for the odd one: no MMA is in flight across the
+        loop's back edge (the compiler copies loop-carried registers there, and a copy of a
+        running MMA's registers makes it serialize all MMAs). A product is issued into the
+        registers of the same-named product before it, already scaled in."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+        even_done = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+        odd_done = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+        odd_scale = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
+        for kb in range(0, K_BLOCKS - 1, 2):
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, kb, STAGES)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb, stride_ask, bs_row)
+            acc = acc + odd_done * odd_scale[:, None]
+            odd = _issue_product(a_bufs, b_bufs, ready, odd_done, kb + 1, STAGES)
+            odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb + 1, stride_ask, bs_row)
+            even_done = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb, pid_m, pid_n, K_BLOCKS, STAGES, WS)
+            acc = acc + even_done * even_scale[:, None]
+            odd_done = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb + 1, pid_m, pid_n, K_BLOCKS, STAGES, WS)
+        acc = acc + odd_done * odd_scale[:, None]
+        if K_BLOCKS % 2 == 1:  # the last block, alone
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, K_BLOCKS - 1, STAGES)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, K_BLOCKS - 1, stride_ask, bs_row)
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(even,)) * even_scale[:, None]
+        return (acc,)  # a tuple, as a partition's results are
+
+    @gluon.jit
+    def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn,
+                               stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                               WS: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
+        group_rows = gl.minimum(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_rows
+        pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+
+        # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
+        # as wide as the tile (fp8: 32-deep).
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BLOCK_N, 32])
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, _BLOCK_K], b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+        scale_rows = (rows % M) * stride_asm
+        bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
+        if WS:
+            acc, = gl.warp_specialize([
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
+                            pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, K_BLOCKS, STAGES)),
+            ], [1], [_PRODUCER_REGISTERS])
+        else:
+            for kb in gl.static_range(STAGES):
+                if kb < K_BLOCKS:
+                    _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES)
+            acc, = _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
+                            pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
+
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        ptrs = c_ptr + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :]
+        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
+                 block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
+                 group_m: int = 8) -> torch.Tensor:
+    """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
+    128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
+    ``warp_specialize`` a one-warp producer partition issues the TMA loads."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
+    m, k = a.shape
+    n = b.shape[0]
+    a_layout = gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], gl.float8e4nv)
+    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.float8e4nv)
+    a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], a_layout)
+    b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], b_layout)
+    grid = (-(-m // block_m) * -(-n // block_n),)
+    _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, out, m, n, a_scale.stride(0), a_scale.stride(1),
+                                 b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
+                                 STAGES=stages, WS=warp_specialize, num_warps=num_warps,
+                                 **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
+    return out
