@@ -31,8 +31,9 @@
 # PYTHONPATH; the header line "vendor backends" says whether each is eligible here):
 #   vendor-tests   pytest -m gpu tests/test_vendor_gpu.py (each backend against the reference)
 #   vendor-ab      python -m bringup_kernels.ab --full --backend deep_gemm, then --backend flash_mla
-#   vendor-bench   python -m benchmarks.gemm and benchmarks.vendor (side by side, direct vs registry;
-#                  gemm only when the bench step does not run it)
+#   vendor-bench   python -m benchmarks.gemm, benchmarks.vendor (side by side, direct vs registry;
+#                  gemm only when the bench step does not run it) and benchmarks.gemm_prefill (the
+#                  prefill tile candidates, each alone under a time limit, against DeepGEMM)
 #   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
 #                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
 #   vendor-stage   python -m bringup ab --image VENDOR_IMAGE (default local-vendor; after
@@ -130,7 +131,7 @@ want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest
 for backend in deep_gemm flash_mla; do
   want vendor-ab && ENGINE_OPS_TUNE=0 step "ab-$backend" "$VLIMIT" $PY -m bringup_kernels.ab --full --backend $backend --json "$OUT/ab-$backend.json"
 done
-for family in gemm vendor; do  # gemm measures every backend: skipped here when the bench step ran it
+for family in gemm vendor gemm_prefill; do  # gemm measures every backend: skipped here when the bench step ran it
   want bench && [[ ,$BENCH, == *,$family,* ]] && continue
   want vendor-bench && step "bench-$family" "$VLIMIT" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
 done
