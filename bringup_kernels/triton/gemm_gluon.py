@@ -2,16 +2,16 @@
 contract and the arithmetic of :mod:`bringup_kernels.triton.gemm`, scheduled by hand.
 
 Each program computes one BLOCK_M x BLOCK_N output tile (grouped order, as the Triton kernel) with
-``num_warps`` warps. A and B tiles of each 128-wide K block arrive through a ring of ``STAGES``
-shared-memory buffers filled by TMA, each with its own mbarrier (with ``WS``, by a one-warp
-producer partition that refills a stage as soon as the consumers free it; else by the same
-warps, between their MMAs). Every K block's product is a
-warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued asynchronously *one block ahead
-of its scaling*: while the tensor cores compute block i's product, the warps add block i-1's
-product times ``sa[row, i-1] * sb[i-1]`` into the accumulator, then hand block i-1's buffers back
-to TMA for block i + STAGES - 1. The Triton kernel's loop waits for each product before scaling
-it, so the tensor cores idle while the warps scale; the sums here are the same, in the same order
-(the same bits where both compile the product alike: the A/B and tests compare them).
+``num_warps`` warps. The A and B tiles of each 128-wide K block arrive through a ring of
+``STAGES`` shared-memory buffers filled by TMA, each stage with a ``ready`` mbarrier. With ``WS`` a
+one-warp producer partition issues the loads, refilling a stage as soon as the consumers mark it
+``empty``; without, the consumer warps issue them between their MMAs (each load then waits at a
+CTA-wide barrier). Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh
+fp32 tile, issued asynchronously *one block ahead of its scaling*: while the tensor cores compute
+block i's product, the warps add block i-1's product times ``sa[row, i-1] * sb[i-1]`` into the
+accumulator, then free block i-1's stage. The Triton kernel's loop waits for each product before
+scaling it, so there the tensor cores idle while the warps scale; the sums here are the same, in
+the same order (the same bits where both compile the product alike: the GPU test compares them).
 
 Needs Triton's Gluon with its Hopper module (``gluon_reason()`` says why not) and a GPU of compute
 capability 9.x: no interpreter. Rows past M and columns past N read as zeros (TMA) and are not
@@ -34,7 +34,8 @@ else:
 
 BLOCK_K = 128
 _BLOCK_K = gl.constexpr(BLOCK_K) if _IMPORT_ERROR is None else BLOCK_K
-_PRODUCER_REGISTERS = gl.constexpr(40) if _IMPORT_ERROR is None else 40  # per thread of the one-warp producer partition (it holds a few indices)
+# Registers per thread of the one-warp producer partition (it holds a few indices).
+_PRODUCER_REGISTERS = gl.constexpr(40) if _IMPORT_ERROR is None else 40
 # Registers per thread with a producer partition: its warps and the kernel's make warpgroups of
 # 4; one program per SM shares 65536 registers (the consumers get the producer's unused share).
 _WS_MAXNREG = 168
