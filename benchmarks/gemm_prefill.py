@@ -8,9 +8,9 @@ and the per-K-block scaling) and the Gluon kernel of :mod:`bringup_kernels.trito
 Each candidate runs alone in a child process under ``--limit`` seconds (a launch that never
 returns is reported as such, not waited for): its time at each shape, then its bits on a ragged
 300 x 200 x 384 problem against the engine's Triton kernel (the same tile without
-specialization, or the default tile for Gluon) and its error against the reference. The parent
-times the default configuration and, where eligible, DeepGEMM on the same operands (do_bench,
-warm L2). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
+specialization, or the Triton tiles' default for Gluon) and its error against the reference. The
+parent times the Triton tiles' default configuration and, where eligible, DeepGEMM on the same
+operands (do_bench, warm L2). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
 those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon kernel with a
 producer partition issuing its TMA loads).
 """
@@ -53,7 +53,11 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws")
 
-        return f"{kind} {bm}x{bn} s{stages} w{warps}", run, lambda a, sa, b, sb: gemm.fp8_block(a, sa, b, sb)
+        def triton_default(a, sa, b, sb):  # the Triton tiles' default, whatever the engine's default here
+            config = gemm.default_config(a.shape[0], b.shape[0], a.shape[1], gemm.num_sms(a.device), tma=True)
+            return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
+
+        return f"{kind} {bm}x{bn} s{stages} w{warps}", run, triton_default
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, gluon:BMxBNxSTAGESxWARPS or gluon-ws:BMxBNxSTAGESxWARPS")
 
 
@@ -108,7 +112,7 @@ def measure(args) -> list[Row]:
         ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default))
         peer = harness.median_ms(lambda: deep_gemm(a, sa, b, sb, torch.bfloat16)) if deep_gemm else None
         peers[(m, n, k)] = ms, peer
-        rows.append(_row(f"gemm.fp8_block default {default.label()}", (m, n, k), ms, peer, ""))
+        rows.append(_row(f"gemm.fp8_block Triton default {default.label()}", (m, n, k), ms, peer, ""))
     for text, check, times, problem in results:
         bits = ("bits equal to the engine's kernel" if check.get("equal") else
                 f"max abs {check['max_abs']:.3g} from the engine's kernel" if check else "bits not checked")
@@ -120,7 +124,7 @@ def measure(args) -> list[Row]:
         for shape, ms in times.items():
             default_ms, peer = peers[shape]
             rows.append(_row(f"gemm.fp8_block {label}", shape, ms, peer,
-                             f"{harness.speedup(ms, default_ms, 'default')}; {bits}" + (f"; {problem}" if problem else "")))
+                             f"{harness.speedup(ms, default_ms, 'Triton default')}; {bits}" + (f"; {problem}" if problem else "")))
     return rows
 
 

@@ -16,6 +16,10 @@ For prefill shapes the tuner also times persistent TMA programs (one per SM, eac
 output tiles), again with the same bits.
 Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call runs on the
 pointer loads, says so once, and the process offers TMA no more.
+On a GPU of compute capability 9.x whose Triton has Gluon, prefill shapes default to the Gluon
+kernel of :mod:`bringup_kernels.triton.gemm_gluon` (the same tiles and bits, its loads issued by a
+producer partition and each K block's MMA overlapping the previous block's scaling); should it
+fail, the call runs on the Triton tiles, says so once, and the process offers it no more.
 
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
 small candidate set on the GPU (decode shapes: narrow tiles and split-K; prefill: 128x128 tiles,
