@@ -122,12 +122,20 @@ def _unpipelined_loads(ttgir: str) -> int:
     return count
 
 
-def _describe(ttgir: str) -> tuple[str, str]:
-    """How the kernel's loads reach shared memory and which MMA its dots use, from its TTGIR."""
+def _describe(ttgir: str, ptx: str, sass: str) -> tuple[str, str]:
+    """How the kernel's loads reach shared memory and which MMA its dots use, from its TTGIR; for
+    warpgroup MMAs that the kernel keeps in flight (a wait that leaves N > 0 of them running), also
+    whether ptxas kept them so ("async") or serialized every one ("serialized by ptxas": it does
+    when other instructions touch a running MMA's registers), from the PTX and the machine code."""
     pipelined = ("TMA" if "async_tma_copy" in ttgir or "tensordesc" in ttgir
                  else "cp.async" if "async_copy_global_to_local" in ttgir else "-")
-    mma = "wgmma" if "warp_group_dot" in ttgir else "mma.sync" if "nvidia_mma" in ttgir else "-"
-    return pipelined, mma
+    if "warp_group_dot" not in ttgir:
+        return pipelined, "mma.sync" if "nvidia_mma" in ttgir else "-"
+    in_flight = {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx)} - {0}
+    if not in_flight:
+        return pipelined, "wgmma"
+    kept = any(re.search(rf"WARPGROUP\.DEPBAR\.LE gsb0, 0x{n:x}\b", sass) for n in in_flight)
+    return pipelined, "wgmma, async" if kept else "wgmma, serialized by ptxas"
 
 
 class Recorder:
@@ -140,12 +148,17 @@ class Recorder:
 
 @contextlib.contextmanager
 def compiling_for(arch: int) -> Iterator[Recorder]:
-    """Within the block, every ``@triton.jit`` launch compiles for ``sm_<arch>`` and is recorded
+    """Within the block, every ``@triton.jit`` (or Gluon) launch compiles for ``sm_<arch>`` and is recorded
     (under the recorder's current op and case) instead of running."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError:  # a Triton without Gluon has no Gluon kernels to compile
+        GluonASTSource = ASTSource
 
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
@@ -159,10 +172,11 @@ def compiling_for(arch: int) -> Iterator[Recorder]:
             kwargs["PDL"] = kwargs["launch_pdl"] = arch >= 90
         bound, specialization, options = create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
-        kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
+        source = GluonASTSource if getattr(self, "is_gluon", lambda: False)() else ASTSource
+        kernel = triton.compile(source(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         registers, spills = _resource_usage(kernel.asm["cubin"], tools)
-        pipelined, mma = _describe(kernel.asm["ttgir"])
         sass = _cuobjdump(kernel.asm["cubin"], tools, "-sass")
+        pipelined, mma = _describe(kernel.asm["ttgir"], kernel.asm["ptx"], sass)
         recorder.records.append(Compiled(recorder.op, recorder.case, self.__name__, registers, spills,
                                          kernel.metadata.shared, pipelined, mma, loop_cost(sass, kernel.asm["ttgir"]),
                                          hashlib.sha256(sass.encode()).hexdigest()[:10]))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from compiled_ptx import REPO, compiled_ptx, needs_cuda_tools
 
 pytestmark = needs_cuda_tools
@@ -45,6 +46,39 @@ def test_an_ops_kernels_compile_for_sm90_and_say_what_they_became():
     one_row = next(r for r in rows if "1x200x640-bfloat16-bfloat16-bfloat16" in r)
     assert "_row_kernel" in one_row and "mma" not in one_row  # one row: FMA products, no tensor cores
     assert re.search(r"(\d+) launch\(es\) compiled, 0 case\(s\) with an error", out.stdout)
+
+
+def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
+    """The Gluon prefill GEMM is fast only if ptxas keeps one warpgroup MMA running while the warps
+    scale the previous product (it serializes them all when other instructions touch a running
+    MMA's registers). Compiled here for sm_90 at a DeepSeek-V3 shape: the engine's tile with its
+    producer partition, and the tile without one."""
+    from bringup_kernels.compile_report import compiling_for
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+
+    if gluon_reason():
+        pytest.skip(gluon_reason())
+    m, n, k = 4096, 2112, 7168
+    a, b = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    sa, sb = torch.empty(m, k // 128), torch.empty(-(-n // 128), k // 128)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    with compiling_for(90) as recorder:
+        launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True)
+        launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
+    assert len(recorder.records) == 2
+    for record in recorder.records:
+        assert (record.kernel, record.mma, record.pipelined) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA"), record
+        assert record.spill_bytes == 0 and record.registers <= 255, record
+
+
+def test_a_serialized_warpgroup_mma_is_named():
+    from bringup_kernels.compile_report import _describe
+
+    ttgir, ptx = "ttng.warp_group_dot", "wgmma.wait_group.sync.aligned 1;\nwgmma.wait_group.sync.aligned 0;"
+    assert _describe(ttgir, ptx, "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;")[1] == "wgmma, async"
+    assert _describe(ttgir, ptx, "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")[1] == "wgmma, serialized by ptxas"
+    assert _describe(ttgir, "wgmma.wait_group.sync.aligned 0;", "")[1] == "wgmma"
+    assert _describe("ttg.nvidia_mma", "", "")[1] == "mma.sync"
 
 
 def test_the_fp8_cache_decode_loop_converts_on_the_fast_path_and_pipelines_its_loads():
