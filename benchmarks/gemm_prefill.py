@@ -33,6 +33,14 @@ CONFIGS = ("gluon-ws:128x128x4x8,gluon-ws:128x64x4x8,gluon-ws:128x64x6x8,gluon-w
            "ws:64x128x4")
 
 
+def triton_default_config(m: int, n: int, k: int):
+    """The Triton tiles' untimed default for a shape on this GPU, whatever the engine's default
+    (on a Hopper GPU the Gluon tile itself)."""
+    from bringup_kernels.triton import gemm
+
+    return gemm.default_config(m, n, k, gemm.num_sms(torch.device("cuda")), tma=True)
+
+
 def candidate(text: str) -> tuple[str, Callable, Callable]:
     """``(label, run, baseline)`` of one candidate: ``run(a, sa, b, sb)`` and the engine's Triton
     launch it is compared with bit for bit, both returning a bf16 ``out``."""
@@ -53,9 +61,8 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws")
 
-        def triton_default(a, sa, b, sb):  # the Triton tiles' default, whatever the engine's default here
-            config = gemm.default_config(a.shape[0], b.shape[0], a.shape[1], gemm.num_sms(a.device), tma=True)
-            return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
+        def triton_default(a, sa, b, sb):
+            return gemm.launch(a, sa, b, sb, torch.bfloat16, triton_default_config(a.shape[0], b.shape[0], a.shape[1]))
 
         return f"{kind} {bm}x{bn} s{stages} w{warps}", run, triton_default
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, gluon:BMxBNxSTAGESxWARPS or gluon-ws:BMxBNxSTAGESxWARPS")
@@ -85,8 +92,8 @@ def run_child(text: str, limit: float) -> tuple[dict, dict, str]:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
         out, problem = done.stdout, "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
     except subprocess.TimeoutExpired as exc:
-        out, problem = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or "", \
-            f"no result within {limit:.0f} s (a launch that did not return)"
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""  # bytes even with text=True
+        out, problem = partial, f"no result within {limit:.0f} s (a launch that did not return)"
     check, times = {}, {}
     for line in out.splitlines():
         record = json.loads(line)
@@ -99,8 +106,7 @@ def run_child(text: str, limit: float) -> tuple[dict, dict, str]:
 
 def measure(args) -> list[Row]:
     from bringup_kernels import registry
-    from bringup_kernels.triton.common import num_sms
-    from bringup_kernels.triton.gemm import default_config, launch
+    from bringup_kernels.triton.gemm import launch
 
     results = [(text, *run_child(text, args.limit)) for text in args.configs.split(",")]
     rows = harness.LiveRows()
@@ -108,7 +114,7 @@ def measure(args) -> list[Row]:
     deep_gemm = registry.get("gemm.fp8_block").load("deep_gemm") if harness.usable_backends(["deep_gemm"], "gemm") else None
     for m, n, k in SHAPES:
         a, sa, b, sb = operands(m, n, k)
-        default = default_config(m, n, k, num_sms(a.device), tma=True)
+        default = triton_default_config(m, n, k)
         ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default))
         peer = harness.median_ms(lambda: deep_gemm(a, sa, b, sb, torch.bfloat16)) if deep_gemm else None
         peers[(m, n, k)] = ms, peer

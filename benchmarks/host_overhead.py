@@ -80,14 +80,14 @@ def floor_rows(calls: int) -> list[Row]:
 
     x = torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16)
     direct = DirectLaunch(_empty_kernel)
-    floors = [("torch.empty", "1x7168 bf16", lambda: torch.empty(1, 7168, device="cuda", dtype=torch.bfloat16)),
-              ("one ATen kernel (x.add_(1))", "1x7168 bf16", lambda: x.add_(1.0)),
-              ("empty Triton kernel through Triton", "1 program", lambda: _empty_kernel[(1,)](x)),
-              ("empty Triton kernel launched directly", "1 program", lambda: direct[(1,)](x))]
+    floors = [("torch.empty", "1x7168 bf16", False, lambda: torch.empty(1, 7168, device="cuda", dtype=torch.bfloat16)),
+              ("one ATen kernel (x.add_(1))", "1x7168 bf16", False, lambda: x.add_(1.0)),
+              ("empty Triton kernel through Triton", "1 program", False, lambda: _empty_kernel[(1,)](x)),
+              ("empty Triton kernel launched directly", "1 program", True, lambda: direct[(1,)](x))]
     rows = []
     with harness.direct_launch(True) as in_force:
-        for name, shape, fn in floors:
-            if "directly" in name and not in_force:
+        for name, shape, needs_direct_launch, fn in floors:
+            if needs_direct_launch and not in_force:
                 continue
             rows.append(Row(f"host floor {name}", shape, f"{host_us_per_call(fn, calls):.1f} us/call", "-", "-", "-",
                             "what an eager op call pays at least on this host"))

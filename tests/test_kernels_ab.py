@@ -201,7 +201,7 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
                     patch.setattr(gemm, "num_sms", lambda device: 3)
                     persistent = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True, persistent=True))
                 assert torch.equal(pointer, persistent), (bm, bn, "persistent", out_dtype)
-            if (bm, bn, split) == (64, 64, 1):  # warp-specialized (benchmarks.gemm_ws; its 128-row tiles hang on an H200)
+            if (bm, bn, split) == (64, 64, 1):  # warp-specialized (benchmarks.gemm_prefill; its 128-row tiles hang on an H200)
                 specialized = launch(a, sa, b, sb, out_dtype, Config(bm, bn, 1, 4, 3, tma=True, warp_specialize=True))
                 assert torch.equal(pointer, specialized), (bm, bn, "warp-specialized", out_dtype)
     if gemm.has_tma(a.device):
@@ -222,7 +222,7 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
         launch(a, sa, b, sb, torch.bfloat16, Config(64, 64, 1, 4, 3, warp_specialize=True))
     prefill = gemm.candidates(4096, 2112, 7168, 132, tma=True)
     assert not prefill[0].persistent and prefill[-1].persistent  # timed by the tuner, never the default
-    assert not any(c.warp_specialize for c in prefill)  # measured slower or hanging: benchmarks.gemm_ws only
+    assert not any(c.warp_specialize for c in prefill)  # measured slower or hanging: benchmarks.gemm_prefill only
     assert not any(c.persistent for c in gemm.candidates(64, 2112, 7168, 132, tma=True))
 
 

@@ -427,19 +427,22 @@ def fp8_block(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
         try:
             return launch(a, a_scale, b, b_scale, out_dtype, config)
         except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to the Triton tiles
-            _GLUON_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-            print(f"[kernels] gemm.fp8_block: the Gluon tiles failed here ({_GLUON_FAILED[0]}); using the Triton tiles",
-                  file=sys.stderr)
+            _give_up(_GLUON_FAILED, exc, "the Gluon tiles", "the Triton tiles")
             config = choose_config(a, a_scale, b, b_scale, out_dtype)
     if config.tma:
         try:
             return launch(a, a_scale, b, b_scale, out_dtype, config)
         except (CompilationError, OutOfResources) as exc:  # this Triton or GPU cannot build the TMA tiles
-            _TMA_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-            print(f"[kernels] gemm.fp8_block: the TMA tiles failed here ({_TMA_FAILED[0]}); using pointer loads",
-                  file=sys.stderr)
+            _give_up(_TMA_FAILED, exc, "the TMA tiles", "pointer loads")
             config = choose_config(a, a_scale, b, b_scale, out_dtype)
     return launch(a, a_scale, b, b_scale, out_dtype, config)
+
+
+def _give_up(failed: list[str], exc: Exception, tiles: str, instead: str) -> None:
+    """Record in ``failed`` (a process-wide list that stops the tiles being offered) why ``tiles``
+    failed, and say so on stderr: once, as the process offers them no more."""
+    failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+    print(f"[kernels] gemm.fp8_block: {tiles} failed here ({failed[0]}); using {instead}", file=sys.stderr)
 
 
 def _validate(a, a_scale, b, b_scale, out_dtype) -> None:

@@ -33,9 +33,6 @@ else:
     _IMPORT_ERROR = None
 
 BLOCK_K = 128
-_BLOCK_K = gl.constexpr(BLOCK_K) if _IMPORT_ERROR is None else BLOCK_K
-# Registers per thread of the one-warp producer partition (it holds a few indices).
-_PRODUCER_REGISTERS = gl.constexpr(40) if _IMPORT_ERROR is None else 40
 # Registers per thread with a producer partition: its warps and the kernel's make warpgroups of
 # 4; one program per SM shares 65536 registers (the consumers get the producer's unused share).
 _WS_MAXNREG = 168
@@ -47,6 +44,9 @@ def gluon_reason() -> str | None:
 
 
 if _IMPORT_ERROR is None:
+    _BLOCK_K = gl.constexpr(BLOCK_K)
+    # Registers per thread of the one-warp producer partition (it holds a few indices).
+    _PRODUCER_REGISTERS = gl.constexpr(40)
 
     @gluon.jit
     def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES: gl.constexpr):
