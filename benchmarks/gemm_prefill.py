@@ -1,9 +1,9 @@
 """Candidate prefill tiles of ``gemm.fp8_block`` against the engine's default tile and DeepGEMM, at
-the M = 4096 DeepSeek-V3 shapes: Triton's warp-specialized TMA tiles (``tl.range(...,
+the DeepSeek-V3 shapes (M = 4096, or the rows given): Triton's warp-specialized TMA tiles (``tl.range(...,
 warp_specialize=True)``: a producer warp group issues the TMA loads, consumer groups run the dots
 and the per-K-block scaling) and the Gluon kernel of :mod:`bringup_kernels.triton.gemm_gluon`
 (each product's MMA issued one block ahead of its scaling).
-``python -m benchmarks.gemm_prefill [--limit S] [--configs LIST] [--out FILE] [--no-write]``.
+``python -m benchmarks.gemm_prefill [--limit S] [--configs LIST] [--m ROWS] [--out FILE] [--no-write]``.
 
 Each candidate runs alone in a child process under ``--limit`` seconds (a launch that never
 returns is reported as such, not waited for): its time at each shape, then its bits on a ragged
@@ -12,7 +12,11 @@ specialization, or the Triton tiles' default for Gluon) and its error against th
 parent times the Triton tiles' default configuration and, where eligible, DeepGEMM on the same
 operands (do_bench, warm L2). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
 those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon kernel with a
-producer partition issuing its TMA loads).
+producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
+SM looping over tiles: the producer loads the next tile while the consumers store the last) and
+``+tma-store`` (each tile written through shared memory by TMA), e.g.
+``gluon-ws+persistent+tma-store:128x128x4x8``.
+The bits check also compares the last shape in full.
 """
 
 from __future__ import annotations
@@ -20,17 +24,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from typing import Callable
 
 import torch
+
+from common.int_lists import comma_separated_ints
 
 from . import harness
 from .gemm import operands
 from .harness import Row
 
-SHAPES = [(4096, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))]
-CONFIGS = ("gluon-ws:128x128x4x8,gluon-ws:128x64x4x8,gluon-ws:128x64x6x8,gluon-ws:64x128x4x4,gluon:128x64x4x8,"
-           "ws:64x128x4")
+NK = ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168))
+
+
+def shapes(rows: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The DeepSeek-V3 (N, K) pairs at each M in ``rows``."""
+    return [(m, n, k) for m in rows for n, k in NK]
+CONFIGS = ("gluon-ws:128x128x4x8,gluon-ws+persistent:128x128x4x8,gluon-ws+tma-store:128x128x4x8,"
+           "gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store:128x128x5x8,"
+           "gluon-ws+persistent+tma-store:64x128x4x4")
 
 
 def triton_default_config(m: int, n: int, k: int):
@@ -54,40 +67,44 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
         plain = gemm.Config(bm, bn, 1, 4, stages, tma=True)
         return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain))
-    if kind in ("gluon", "gluon-ws"):
+    kind, *extras = kind.split("+")
+    if kind in ("gluon", "gluon-ws") and set(extras) <= {"persistent", "tma-store"}:
         bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
 
         def run(a, sa, b, sb):
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
-            return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws")
+            return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
+                                programs=gemm.num_sms(a.device) if "persistent" in extras else None,
+                                tma_store="tma-store" in extras)
 
         def triton_default(a, sa, b, sb):
             return gemm.launch(a, sa, b, sb, torch.bfloat16, triton_default_config(a.shape[0], b.shape[0], a.shape[1]))
 
-        return f"{kind} {bm}x{bn} s{stages} w{warps}", run, triton_default
-    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, gluon:BMxBNxSTAGESxWARPS or gluon-ws:BMxBNxSTAGESxWARPS")
+        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default
+    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES or gluon[-ws][+persistent][+tma-store]:BMxBNxSTAGESxWARPS")
 
 
-def child(text: str) -> None:
+def child(text: str, rows: tuple[int, ...]) -> None:
     """Print, as JSON lines: ms per shape, then the bits check, of candidate ``text``."""
     from bringup_kernels.ops.gemm import fp8_block_reference
 
     _, run, baseline = candidate(text)
-    for m, n, k in SHAPES:
+    for m, n, k in shapes(rows):
         a, sa, b, sb = operands(m, n, k)
         ms = harness.median_ms(lambda: run(a, sa, b, sb))
         print(json.dumps({"shape": [m, n, k], "ms": ms}), flush=True)
+    full = torch.equal(run(a, sa, b, sb), baseline(a, sa, b, sb))  # the last shape, every program's tiles
     a, sa, b, sb = operands(300, 200, 384)
     out, ref = run(a, sa, b, sb), baseline(a, sa, b, sb)
     exact = fp8_block_reference(a, sa, b, sb, torch.bfloat16).float()
     torch.cuda.synchronize()
-    print(json.dumps({"equal": torch.equal(out, ref), "max_abs": (out.float() - ref.float()).abs().max().item(),
+    print(json.dumps({"equal": full and torch.equal(out, ref), "max_abs": (out.float() - ref.float()).abs().max().item(),
                       "ref_abs": (out.float() - exact).abs().max().item(), "ref_max": exact.abs().max().item()}), flush=True)
 
 
-def run_child(text: str, limit: float) -> tuple[dict, dict, str]:
+def run_child(text: str, rows: tuple[int, ...], limit: float) -> tuple[dict, dict, str]:
     """``(bits check, {shape: ms}, what went wrong or "")`` of one configuration's child process."""
-    argv = [sys.executable, "-m", "benchmarks.gemm_prefill", "--child", text]
+    argv = [sys.executable, "-m", "benchmarks.gemm_prefill", "--child", text, ",".join(map(str, rows))]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
         out, problem = done.stdout, "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
@@ -108,11 +125,11 @@ def measure(args) -> list[Row]:
     from bringup_kernels import registry
     from bringup_kernels.triton.gemm import launch
 
-    results = [(text, *run_child(text, args.limit)) for text in args.configs.split(",")]
+    results = [(text, *run_child(text, args.m, args.limit)) for text in args.configs.split(",")]
     rows = harness.LiveRows()
     peers = {}
     deep_gemm = registry.get("gemm.fp8_block").load("deep_gemm") if harness.usable_backends(["deep_gemm"], "gemm") else None
-    for m, n, k in SHAPES:
+    for m, n, k in shapes(args.m):
         a, sa, b, sb = operands(m, n, k)
         default = triton_default_config(m, n, k)
         ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default))
@@ -144,11 +161,13 @@ def _row(name: str, shape: tuple, ms: float, peer: float | None, notes: str) -> 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        child(argv[1])
+        child(argv[1], tuple(int(v) for v in argv[2].split(",")))
         return 0
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=float, default=90, help="seconds each configuration's child may run (default 90)")
     p.add_argument("--configs", default=CONFIGS, help=f"candidates, comma-separated (default {CONFIGS})")
+    p.add_argument("--m", default=(4096,), type=partial(comma_separated_ints, what="row counts (M)", minimum=1),
+                   help="rows (M) to time, comma-separated, each with the four (N, K) (default 4096)")
     args = p.parse_args(argv)
     for text in args.configs.split(","):
         try:

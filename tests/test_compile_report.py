@@ -60,7 +60,7 @@ a, b = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=tor
 sa, sb = torch.empty(m, k // 128), torch.empty(-(-n // 128), k // 128)
 out = torch.empty(m, n, dtype=torch.bfloat16)
 with compiling_for(90) as recorder:
-    launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True)
+    launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True)
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
 print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers] for r in recorder.records]))
 """
@@ -70,7 +70,8 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     """The Gluon prefill GEMM is fast only if ptxas keeps one warpgroup MMA running while the warps
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
-    engine's tile with its producer partition, and the tile without one."""
+    engine's tile (producer partition, one program per SM, TMA stores), and a tile without a
+    producer."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)

@@ -229,25 +229,31 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
 @pytest.mark.gpu
 def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
-    without a producer partition, computes the Triton kernel's sums in the same order: the same
-    bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
+    without a producer partition, one program per tile or two programs looping over the tiles,
+    storing from registers or by TMA, computes the Triton kernel's sums in the same order: the
+    same bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
-    from bringup_kernels.triton.gemm import fp8_block
+    from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
 
     if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
     gen = generator(13)
-    for m, n, k in ((300, 200, 384), (520, 384, 1280)):  # odd and even K block counts, no K splits
+    for m, n, k in ((300, 200, 384), (520, 392, 1280)):  # odd and even K block counts, no K splits
         a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
         b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
+        triton_tiles = gemm.default_config(m, n, k, gemm.num_sms(a.device), tma=True)  # without gluon
+        assert not triton_tiles.gluon
         for out_dtype in (torch.bfloat16, torch.float32):
-            expected = fp8_block(a, sa, b, sb, out_dtype)
+            expected = gemm.launch(a, sa, b, sb, out_dtype, triton_tiles)
             for bm, bn, stages, warps in ((128, 128, 4, 8), (128, 64, 4, 8), (64, 128, 4, 4)):
-                for producer in (False, True):
+                for producer, programs, tma_store in ((False, None, False), (True, None, False), (True, 2, False),
+                                                      (True, 2, True), (False, 3, True)):
                     out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
-                    launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=producer)
-                    assert torch.equal(out, expected), (m, n, k, bm, bn, stages, producer, out_dtype)
+                    launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=producer,
+                                 programs=programs, tma_store=tma_store)
+                    assert torch.equal(out, expected), (m, n, k, bm, bn, stages, producer, programs, tma_store,
+                                                        out_dtype)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
@@ -289,7 +295,8 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
 
-    assert gemm.candidates(4096, 2112, 7168, 132, tma=True, gluon=True)[0].gluon
+    first, second = gemm.candidates(4096, 2112, 7168, 132, tma=True, gluon=True)[:2]
+    assert first.gluon and first.persistent and second.gluon and not second.persistent
     assert not any(c.gluon for c in gemm.candidates(4096, 2112, 7168, 132, tma=True))
     assert not any(c.gluon for c in gemm.candidates(128, 2112, 7168, 132, tma=True, gluon=True))
     gen = generator(14)

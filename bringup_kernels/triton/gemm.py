@@ -18,7 +18,8 @@ Should the TMA tiles fail to compile (or not fit) on a Triton or GPU, the call r
 pointer loads, says so once, and the process offers TMA no more.
 On a GPU of compute capability 9.x whose Triton has Gluon, prefill shapes default to the Gluon
 kernel of :mod:`bringup_kernels.triton.gemm_gluon` (the same tiles and bits, its loads issued by a
-producer partition and each K block's MMA overlapping the previous block's scaling); should it
+producer partition, each K block's MMA overlapping the previous block's scaling, one program per
+SM and each tile stored by TMA while the next one runs); should it
 fail, the call runs on the Triton tiles, says so once, and the process offers it no more.
 
 The tile configuration is tuned once per (M bucket, N, K, output dtype, device) by timing a
@@ -71,7 +72,7 @@ class Config:
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
     persistent: bool = False  # with tma and no K split: one program per SM loops over the tiles
     warp_specialize: bool = False  # with tma: the K loop split into a TMA producer and MMA consumers
-    gluon: bool = False  # the Gluon kernel (gemm_gluon.py) with its producer partition, for prefill on Hopper
+    gluon: bool = False  # the Gluon kernel (gemm_gluon.py): producer partition, TMA stores; prefill on Hopper
 
     def label(self) -> str:
         """Short form for tables: ``128x128 split1 w8 s4 tma``."""
@@ -290,8 +291,10 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
     ``tma`` every tile is also offered through TMA descriptors; the default takes them where the
     tuner found them fastest (see :func:`_tiles`); prefill shapes also get each TMA tile as
     persistent programs, timed last. With ``gluon`` (and ``tma``) prefill shapes default to the
-    Gluon kernel's 128 x 128 tile (``benchmarks.gemm_prefill``, H200, 2026-12-03: 1.00-1.27x the
-    Triton default at the four DeepSeek-V3 shapes, the same bits)."""
+    Gluon kernel's 128 x 128 tile, one program per SM, each tile stored by TMA
+    (``benchmarks.gemm_prefill``, H200, 2026-12-04: 1.32-1.54x the Triton default and 0.78-0.88x
+    DeepGEMM at the four DeepSeek-V3 shapes, the same bits); its one-program-per-tile form is
+    timed second."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     tiles, default_tma = _tiles(bucket, n, num_sms)
     configs = []
@@ -306,8 +309,9 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
         configs = through_tma[:1] + configs + through_tma[1:] if default_tma else configs + through_tma
         if bucket > 256:  # and, timed last, persistent: one program per SM looping over the tiles
             configs += [replace(c, persistent=True) for c in through_tma]
-        if bucket > 256 and gluon:
-            configs.insert(0, Config(128, 128, 1, 8, 4, tma=True, gluon=True))
+        if bucket > 256 and gluon:  # one program per SM first, then one per tile
+            configs[:0] = [Config(128, 128, 1, 8, 4, tma=True, persistent=True, gluon=True),
+                           Config(128, 128, 1, 8, 4, tma=True, gluon=True)]
     return configs
 
 
@@ -366,10 +370,11 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     if config.persistent and not (config.tma and split == 1):
         raise ValueError(f"gemm.fp8_block: {config}: persistent tiles need TMA and no K split")
     if config.gluon:
-        if not (config.tma and split == 1 and not config.persistent and has_gluon(a.device)):
+        if not (config.tma and split == 1 and has_gluon(a.device)):
             raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU, TMA and no K split")
         return launch_gluon(a, a_scale, b, b_scale, out, config.block_m, config.block_n, config.num_stages,
-                            config.num_warps, warp_specialize=True, group_m=config.group_m)
+                            config.num_warps, warp_specialize=True, group_m=config.group_m,
+                            programs=num_sms(a.device) if config.persistent else None, tma_store=True)
     if config.warp_specialize and not (config.tma and not config.persistent):
         raise ValueError(f"gemm.fp8_block: {config}: warp specialization needs TMA tiles, not persistent")
     if config.tma:

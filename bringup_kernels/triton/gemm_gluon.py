@@ -1,8 +1,8 @@
 """Gluon FP8 block-scaled GEMM for prefill shapes on Hopper: ``out = (A * sa) @ (B * sb)^T``, the
 contract and the arithmetic of :mod:`bringup_kernels.triton.gemm`, scheduled by hand.
 
-Each program computes one BLOCK_M x BLOCK_N output tile (grouped order, as the Triton kernel) with
-``num_warps`` warps. The A and B tiles of each 128-wide K block arrive through a ring of
+Each program computes BLOCK_M x BLOCK_N output tiles (grouped order, as the Triton kernel) with
+``num_warps`` warps: one tile, or with fewer programs than tiles (persistent) every grid-th tile. The A and B tiles of each 128-wide K block arrive through a ring of
 ``STAGES`` shared-memory buffers filled by TMA, each stage with a ``ready`` mbarrier. With ``WS`` a
 one-warp producer partition issues the loads, refilling a stage as soon as the consumers mark it
 ``empty``; without, the consumer warps issue them between their MMAs (each load then waits at a
@@ -25,7 +25,8 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except (ImportError, AttributeError) as exc:  # a Triton without Gluon or its Hopper API: the tiles are not offered
     _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
@@ -49,20 +50,30 @@ if _IMPORT_ERROR is None:
     _PRODUCER_REGISTERS = gl.constexpr(40)
 
     @gluon.jit
-    def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES: gl.constexpr):
-        """TMA of K block ``kb``'s A and B tiles into stage ``kb % STAGES``, completing its barrier."""
-        stage = kb % STAGES
+    def _tile_coords(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+        """Output tile ``tile``'s (row block, column block), in groups of GROUP_M row blocks."""
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        first_m = (tile // (GROUP_M * tiles_n)) * GROUP_M
+        group_rows = gl.minimum(tiles_m - first_m, GROUP_M)
+        return first_m + (tile % (GROUP_M * tiles_n)) % group_rows, (tile % (GROUP_M * tiles_n)) // group_rows
+
+    @gluon.jit
+    def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, kb, pid_m, pid_n, STAGES: gl.constexpr):
+        """TMA of K block ``kb``'s A and B tiles into stage ``it % STAGES`` (``it`` counts the blocks
+        this program has loaded, over all its tiles), completing the stage's barrier."""
+        stage = it % STAGES
         bar = ready.index(stage)
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(a_desc, [pid_m * a_desc.block_type.shape[0], kb * _BLOCK_K], bar, a_bufs.index(stage))
         tma.async_copy_global_to_shared(b_desc, [pid_n * b_desc.block_type.shape[0], kb * _BLOCK_K], bar, b_bufs.index(stage))
 
     @gluon.jit
-    def _issue_product(a_bufs, b_bufs, ready, into, kb, STAGES: gl.constexpr):
-        """Wait for K block ``kb``'s tiles, then start their product (asynchronous; into the
-        registers of ``into``, whose values it ignores)."""
-        stage = kb % STAGES
-        mbarrier.wait(ready.index(stage), (kb // STAGES) & 1)
+    def _issue_product(a_bufs, b_bufs, ready, into, it, STAGES: gl.constexpr):
+        """Wait for the tiles of this program's block ``it``, then start their product
+        (asynchronous; into the registers of ``into``, whose values it ignores)."""
+        stage = it % STAGES
+        mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
         return warpgroup_mma(a_bufs.index(stage), b_bufs.index(stage).permute((1, 0)), into, use_acc=False, is_async=True)
 
     @gluon.jit
@@ -71,30 +82,39 @@ if _IMPORT_ERROR is None:
         return gl.load(as_ptr + rows + kb * stride_ask) * gl.load(bs_ptr + bs_row + kb)
 
     @gluon.jit
-    def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb, pid_m, pid_n, K_BLOCKS: gl.constexpr,
+    def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, kb, pid_m, pid_n, K_BLOCKS: gl.constexpr,
                        STAGES: gl.constexpr, WS: gl.constexpr):
-        """K block ``kb``'s product is done, its stage free: with a producer partition (WS), say so
-        on the stage's ``empty`` barrier; else load block ``kb + STAGES`` (if any) into it here."""
+        """Block ``it``'s product (K block ``kb`` of its tile) is done, its stage free: with a producer
+        partition (WS), say so on the stage's ``empty`` barrier; else load the tile's K block
+        ``kb + STAGES`` (if any) into it here."""
         if WS:
-            mbarrier.arrive(empty.index(kb % STAGES), count=1)
+            mbarrier.arrive(empty.index(it % STAGES), count=1)
         elif kb + STAGES < K_BLOCKS:
-            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb + STAGES, pid_m, pid_n, STAGES)
+            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES, kb + STAGES, pid_m, pid_n, STAGES)
 
     @gluon.jit
-    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, K_BLOCKS: gl.constexpr,
+    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
                  STAGES: gl.constexpr):
-        """The producer partition: every K block's tiles into its stage once the stage is free
-        (a fresh barrier counts as freed, so the first round does not wait)."""
-        for kb in range(K_BLOCKS):
-            mbarrier.wait(empty.index(kb % STAGES), ((kb // STAGES) & 1) ^ 1)
-            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES)
+        """The producer partition: every K block of every tile of this program into its stage once
+        the stage is free (a fresh barrier counts as freed, so the first round does not wait). It
+        runs ahead into the next tile while the consumers finish and store the last one."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        it = 0
+        for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            for kb in range(K_BLOCKS):
+                mbarrier.wait(empty.index(it % STAGES), ((it // STAGES) & 1) ^ 1)
+                _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, kb, pid_m, pid_n, STAGES)
+                it += 1
 
     @gluon.jit
-    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
-                 pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
-                 mma: gl.constexpr):
-        """``(acc,)``: the tile's fp32 accumulator over all K blocks (the MMAs and the scaling; without WS
-        also the loads after the first STAGES blocks).
+    def _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
+                    base, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
+                    mma: gl.constexpr):
+        """One tile's fp32 accumulator over its K blocks, this program's blocks ``base`` to
+        ``base + K_BLOCKS - 1`` (the MMAs and the scaling; without WS also the loads after the
+        first STAGES blocks).
 
         K blocks go in pairs. Each iteration issues the even block's product, scales in the odd
         product of the iteration before while it runs, issues the odd block's product, scales in
@@ -109,37 +129,67 @@ if _IMPORT_ERROR is None:
         odd_done = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
         odd_scale = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
         for kb in range(0, K_BLOCKS - 1, 2):
-            even = _issue_product(a_bufs, b_bufs, ready, even_done, kb, STAGES)
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES)
             even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb, stride_ask, bs_row)
             acc = acc + odd_done * odd_scale[:, None]
-            odd = _issue_product(a_bufs, b_bufs, ready, odd_done, kb + 1, STAGES)
+            odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES)
             odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb + 1, stride_ask, bs_row)
             even_done = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb, pid_m, pid_n, K_BLOCKS, STAGES, WS)
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb, kb, pid_m, pid_n, K_BLOCKS,
+                           STAGES, WS)
             acc = acc + even_done * even_scale[:, None]
             odd_done = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, kb + 1, pid_m, pid_n, K_BLOCKS, STAGES, WS)
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb + 1, kb + 1, pid_m, pid_n,
+                           K_BLOCKS, STAGES, WS)
         acc = acc + odd_done * odd_scale[:, None]
         if K_BLOCKS % 2 == 1:  # the last block, alone
-            even = _issue_product(a_bufs, b_bufs, ready, even_done, K_BLOCKS - 1, STAGES)
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + K_BLOCKS - 1, STAGES)
             even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, K_BLOCKS - 1, stride_ask, bs_row)
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(even,)) * even_scale[:, None]
-        return (acc,)  # a tuple, as a partition's results are
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + K_BLOCKS - 1, K_BLOCKS - 1, pid_m,
+                           pid_n, K_BLOCKS, STAGES, WS)
+        return acc
 
     @gluon.jit
-    def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, stride_asm, stride_ask, stride_bsn,
-                               stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                               WS: gl.constexpr, num_warps: gl.constexpr):
+    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
+                 stride_ask, stride_bsn, stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                 STAGES: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr, mma: gl.constexpr):
+        """Every tile of this program: its accumulator (without WS first the loads of its first
+        STAGES blocks), then its store: with TMA_STORE through ``c_smem`` by the TMA unit to the
+        descriptor ``c_out``, else from registers to the pointer ``c_out``."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        pid = gl.program_id(0)
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
-        group_rows = gl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_rows
-        pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+        base = 0
+        for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            if not WS:
+                for kb in gl.static_range(STAGES):
+                    if kb < K_BLOCKS:
+                        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, kb, pid_m, pid_n, STAGES)
+            rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+            bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
+            acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, (rows % M) * stride_asm,
+                              bs_row, stride_ask, base, pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)
+            if TMA_STORE:  # through shared memory; the TMA unit writes it out while the next tile runs
+                tma.store_wait(0)  # the last tile's store has read c_smem
+                c_smem.store(acc.to(c_out.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_out, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+            else:
+                cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+                mask = (rows < M)[:, None] & (cols < N)[None, :]
+                gl.store(c_out + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :],
+                         acc.to(c_out.dtype.element_ty), mask=mask)
+            base += K_BLOCKS
+        if TMA_STORE:
+            tma.store_wait(0)
 
+    @gluon.jit
+    def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, M, N, stride_asm, stride_ask, stride_bsn,
+                               stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                               WS: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
         # as wide as the tile (fp8: 32-deep).
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -151,38 +201,34 @@ if _IMPORT_ERROR is None:
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
-
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
-        scale_rows = (rows % M) * stride_asm
-        bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
+        if TMA_STORE:
+            c_smem = gl.allocate_shared_memory(c_out.dtype, [BLOCK_M, BLOCK_N], c_out.layout)
+        else:
+            c_smem = a_bufs  # not used
         if WS:
-            acc, = gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
-                            pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, K_BLOCKS, STAGES)),
+            gl.warp_specialize([
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
+                            mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES)),
             ], [1], [_PRODUCER_REGISTERS])
         else:
-            for kb in gl.static_range(STAGES):
-                if kb < K_BLOCKS:
-                    _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, kb, pid_m, pid_n, STAGES)
-            acc, = _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
-                            pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)
+            _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
+                     stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE, mma)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
 
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
-        ptrs = c_ptr + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :]
-        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
 
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
-                 group_m: int = 8) -> torch.Tensor:
+                 group_m: int = 8, programs: int | None = None, tma_store: bool = False) -> torch.Tensor:
     """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
     128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
-    ``warp_specialize`` a one-warp producer partition issues the TMA loads."""
+    ``warp_specialize`` a one-warp producer partition issues the TMA loads. ``programs`` (default
+    one per tile) caps the grid: each program then loops over every ``programs``-th tile
+    (persistent, e.g. one program per SM). ``tma_store`` writes each tile through shared memory
+    by TMA where ``out``'s rows are 16-byte aligned (else from registers)."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
     m, k = a.shape
@@ -191,9 +237,16 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     b_layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.float8e4nv)
     a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], a_layout)
     b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], b_layout)
-    grid = (-(-m // block_m) * -(-n // block_n),)
-    _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, out, m, n, a_scale.stride(0), a_scale.stride(1),
+    tiles = -(-m // block_m) * -(-n // block_n)
+    grid = (min(tiles, programs or tiles),)
+    tma_store = tma_store and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
+    c_out = out
+    if tma_store:
+        c_type = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[out.dtype]
+        c_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_n], c_type)
+        c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m, block_n], c_layout)
+    _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
                                  b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
-                                 STAGES=stages, WS=warp_specialize, num_warps=num_warps,
+                                 STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, num_warps=num_warps,
                                  **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
     return out
