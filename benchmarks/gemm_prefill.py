@@ -10,7 +10,8 @@ returns is reported as such, not waited for): its time at each shape, then its b
 300 x 200 x 384 problem against the engine's Triton kernel (the same tile without
 specialization, or the Triton tiles' default for Gluon) and its error against the reference. The
 parent times the Triton tiles' default configuration and, where eligible, DeepGEMM on the same
-operands (do_bench, warm L2). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
+operands (do_bench, warm L2; CUDA-graph replays at M <= 128, as ``benchmarks.gemm``: there one
+call's host time exceeds its GPU time). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
 those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon kernel with a
 producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
 SM looping over tiles: the producer loads the next tile while the consumers store the last) and
@@ -91,7 +92,7 @@ def child(text: str, rows: tuple[int, ...]) -> None:
     _, run, baseline = candidate(text)
     for m, n, k in shapes(rows):
         a, sa, b, sb = operands(m, n, k)
-        ms = harness.median_ms(lambda: run(a, sa, b, sb))
+        ms = harness.median_ms(lambda: run(a, sa, b, sb), graph=m <= 128)
         print(json.dumps({"shape": [m, n, k], "ms": ms}), flush=True)
     full = torch.equal(run(a, sa, b, sb), baseline(a, sa, b, sb))  # the last shape, every program's tiles
     a, sa, b, sb = operands(300, 200, 384)
@@ -132,8 +133,8 @@ def measure(args) -> list[Row]:
     for m, n, k in shapes(args.m):
         a, sa, b, sb = operands(m, n, k)
         default = triton_default_config(m, n, k)
-        ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default))
-        peer = harness.median_ms(lambda: deep_gemm(a, sa, b, sb, torch.bfloat16)) if deep_gemm else None
+        ms = harness.median_ms(lambda: launch(a, sa, b, sb, torch.bfloat16, default), graph=m <= 128)
+        peer = harness.median_ms(lambda: deep_gemm(a, sa, b, sb, torch.bfloat16), graph=m <= 128) if deep_gemm else None
         peers[(m, n, k)] = ms, peer
         rows.append(_row(f"gemm.fp8_block Triton default {default.label()}", (m, n, k), ms, peer, ""))
     for text, check, times, problem in results:

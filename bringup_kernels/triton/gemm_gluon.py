@@ -2,11 +2,14 @@
 contract and the arithmetic of :mod:`bringup_kernels.triton.gemm`, scheduled by hand.
 
 Each program computes BLOCK_M x BLOCK_N output tiles (grouped order, as the Triton kernel) with
-``num_warps`` warps: one tile, or with fewer programs than tiles (persistent) every grid-th tile. The A and B tiles of each 128-wide K block arrive through a ring of
-``STAGES`` shared-memory buffers filled by TMA, each stage with a ``ready`` mbarrier. With ``WS`` a
-one-warp producer partition issues the loads, refilling a stage as soon as the consumers mark it
-``empty``; without, the consumer warps issue them between their MMAs (each load then waits at a
-CTA-wide barrier). Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh
+``num_warps`` warps: one tile, or with fewer programs than tiles (persistent) every grid-th tile.
+The A and B tiles of each 128-wide K block arrive through a ring of ``STAGES`` shared-memory
+buffers filled by TMA, each stage with a ``ready`` mbarrier; the ring's count runs on across a
+program's tiles. With ``WS`` a one-warp producer partition issues the loads, refilling a stage as
+soon as the consumers mark it ``empty`` (so it loads the next tile while the consumers store the
+last); without, the consumer warps issue them between their MMAs (each load then waits at a
+CTA-wide barrier). With ``TMA_STORE`` a finished tile goes through shared memory to a TMA store
+that runs while the next tile computes; else the warps store it from registers. Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh
 fp32 tile, issued asynchronously *one block ahead of its scaling*: while the tensor cores compute
 block i's product, the warps add block i-1's product times ``sa[row, i-1] * sb[i-1]`` into the
 accumulator, then free block i-1's stage. The Triton kernel's loop waits for each product before
