@@ -9,12 +9,14 @@ program's tiles. With ``WS`` a one-warp producer partition issues the loads, ref
 soon as the consumers mark it ``empty`` (so it loads the next tile while the consumers store the
 last); without, the consumer warps issue them between their MMAs (each load then waits at a
 CTA-wide barrier). With ``TMA_STORE`` a finished tile goes through shared memory to a TMA store
-that runs while the next tile computes; else the warps store it from registers. Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh
-fp32 tile, issued asynchronously *one block ahead of its scaling*: while the tensor cores compute
-block i's product, the warps add block i-1's product times ``sa[row, i-1] * sb[i-1]`` into the
-accumulator, then free block i-1's stage. The Triton kernel's loop waits for each product before
-scaling it, so there the tensor cores idle while the warps scale; the sums here are the same, in
-the same order (the same bits where both compile the product alike: the GPU test compares them).
+that runs while the next tile computes; else the warps store it from registers.
+
+Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued
+asynchronously *one block ahead of its scaling*: while the tensor cores compute block i's
+product, the warps add block i-1's product times ``sa[row, i-1] * sb[i-1]`` into the accumulator,
+then free block i-1's stage. The Triton kernel's loop waits for each product before scaling it,
+so there the tensor cores idle while the warps scale; the sums here are the same, in the same
+order (the same bits where both compile the product alike: the GPU test compares them).
 
 Needs Triton's Gluon with its Hopper module (``gluon_reason()`` says why not) and a GPU of compute
 capability 9.x: no interpreter. Rows past M and columns past N read as zeros (TMA) and are not
