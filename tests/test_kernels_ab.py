@@ -239,7 +239,8 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
     gen = generator(13)
-    for m, n, k in ((300, 200, 384), (520, 392, 1280)):  # odd and even K block counts, no K splits
+    # odd and even K block counts, no K splits; 196 bf16 columns are too narrow a row for the TMA store
+    for m, n, k in ((300, 196, 384), (520, 392, 1280)):
         a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
         b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
         triton_tiles = gemm.default_config(m, n, k, gemm.num_sms(a.device), tma=True)  # without gluon
