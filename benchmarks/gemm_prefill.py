@@ -15,8 +15,9 @@ call's host time exceeds its GPU time). Candidates, comma-separated: ``ws:BMxBNx
 those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon kernel with a
 producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
 SM looping over tiles: the producer loads the next tile while the consumers store the last) and
-``+tma-store`` (each tile written through shared memory by TMA), e.g.
-``gluon-ws+persistent+tma-store:128x128x4x8``.
+``+tma-store`` (each tile written through shared memory by TMA), and with ``gluon-ws``
+``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows), e.g.
+``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default).
 The bits check also compares the last shape in full.
 """
 
@@ -44,9 +45,9 @@ def shapes(rows: tuple[int, ...]) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in rows for n, k in NK]
 
 
-CONFIGS = ("gluon-ws:128x128x4x8,gluon-ws+persistent:128x128x4x8,gluon-ws+tma-store:128x128x4x8,"
-           "gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store:128x128x5x8,"
-           "gluon-ws+persistent+tma-store:64x128x4x4")
+CONFIGS = ("gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store:128x128x5x8,"
+           "gluon-ws+persistent+tma-store+two-consumers:128x128x4x4,"
+           "gluon-ws+persistent+tma-store+two-consumers:128x128x5x4,gluon-ws+tma-store+two-consumers:128x128x4x4")
 
 
 def triton_default_config(m: int, n: int, k: int):
@@ -71,20 +72,22 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
         return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain))
     kind, *extras = kind.split("+")
-    if kind in ("gluon", "gluon-ws") and set(extras) <= {"persistent", "tma-store"}:
+    allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
+    if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
         bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
 
         def run(a, sa, b, sb):
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
-                                tma_store="tma-store" in extras)
+                                tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1)
 
         def triton_default(a, sa, b, sb):
             return gemm.launch(a, sa, b, sb, torch.bfloat16, triton_default_config(a.shape[0], b.shape[0], a.shape[1]))
 
         return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default
-    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES or gluon[-ws][+persistent][+tma-store]:BMxBNxSTAGESxWARPS")
+    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES or "
+                     "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS")
 
 
 def child(text: str, rows: tuple[int, ...]) -> None:

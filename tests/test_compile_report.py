@@ -61,6 +61,7 @@ sa, sb = torch.empty(m, k // 128), torch.empty(-(-n // 128), k // 128)
 out = torch.empty(m, n, dtype=torch.bfloat16)
 with compiling_for(90) as recorder:
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True)
+    launch_gluon(a, sa, b, sb, out, 128, 128, 4, 4, warp_specialize=True, programs=132, tma_store=True, consumers=2)
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
 print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers] for r in recorder.records]))
 """
@@ -70,8 +71,8 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     """The Gluon prefill GEMM is fast only if ptxas keeps one warpgroup MMA running while the warps
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
-    engine's tile (producer partition, one program per SM, TMA stores), and a tile without a
-    producer."""
+    engine's tile (producer partition, one program per SM, TMA stores), the same with two
+    consumer partitions, and a tile without a producer."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -79,7 +80,7 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     records = json.loads(done.stdout.splitlines()[-1])
     if isinstance(records, dict):
         pytest.skip(records["skip"])
-    assert len(records) == 2, records
+    assert len(records) == 3, records
     for kernel, mma, pipelined, spills, registers in records:
         assert (kernel, mma, pipelined, spills) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA", 0), records
         assert registers <= 255

@@ -229,8 +229,8 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
 @pytest.mark.gpu
 def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
-    without a producer partition, one program per tile or two programs looping over the tiles,
-    storing from registers or by TMA, computes the Triton kernel's sums in the same order: the
+    without a producer partition, one program per tile or a few looping over the tiles,
+    storing from registers or by TMA, with one consumer partition or two, computes the Triton kernel's sums in the same order: the
     same bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
@@ -255,6 +255,11 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                                  programs=programs, tma_store=tma_store)
                     assert torch.equal(out, expected), (m, n, k, bm, bn, stages, producer, programs, tma_store,
                                                         out_dtype)
+            for bm, bn, programs in ((128, 128, None), (128, 128, 2), (128, 64, 3)):  # two consumers of 4 warps
+                out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
+                launch_gluon(a, sa, b, sb, out, bm, bn, 4, 4, warp_specialize=True, programs=programs,
+                             tma_store=True, consumers=2)
+                assert torch.equal(out, expected), (m, n, k, bm, bn, programs, "two consumers", out_dtype)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):

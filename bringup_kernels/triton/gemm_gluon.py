@@ -8,8 +8,11 @@ buffers filled by TMA, each stage with a ``ready`` mbarrier; the ring's count ru
 program's tiles. With ``WS`` a one-warp producer partition issues the loads, refilling a stage as
 soon as the consumers mark it ``empty`` (so it loads the next tile while the consumers store the
 last); without, the consumer warps issue them between their MMAs (each load then waits at a
-CTA-wide barrier). With ``TMA_STORE`` a finished tile goes through shared memory to a TMA store
-that runs while the next tile computes; else the warps store it from registers.
+CTA-wide barrier). With ``CONSUMERS = 2`` (and WS) two consumer partitions each take half the
+tile's rows; each marks a stage ``empty`` on its own, so neither waits at a barrier for the
+other (with one partition of 8 warps the compiler puts a CTA-wide barrier before every stage
+barrier wait and arrive). With ``TMA_STORE`` a finished tile goes through shared memory to a TMA
+store that runs while the next tile computes; else the warps store it from registers.
 
 Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued
 asynchronously *one block ahead of its scaling*: while the tensor cores compute block i's
@@ -41,7 +44,7 @@ else:
 BLOCK_K = 128
 # Registers per thread with a producer partition: its warps and the kernel's make warpgroups of
 # 4; one program per SM shares 65536 registers (the consumers get the producer's unused share).
-_WS_MAXNREG = 168
+_WS_MAXNREG = {1: 168, 2: 232}
 
 
 def gluon_reason() -> str | None:
@@ -53,6 +56,9 @@ if _IMPORT_ERROR is None:
     _BLOCK_K = gl.constexpr(BLOCK_K)
     # Registers per thread of the one-warp producer partition (it holds a few indices).
     _PRODUCER_REGISTERS = gl.constexpr(40)
+    # Registers per thread of the second consumer partition (as the kernel's maxnreg gives the first).
+    _CONSUMER_REGISTERS = gl.constexpr(232)
+    _FIRST, _SECOND = gl.constexpr(0), gl.constexpr(1)
 
     @gluon.jit
     def _tile_coords(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
@@ -74,12 +80,15 @@ if _IMPORT_ERROR is None:
         tma.async_copy_global_to_shared(b_desc, [pid_n * b_desc.block_type.shape[0], kb * _BLOCK_K], bar, b_bufs.index(stage))
 
     @gluon.jit
-    def _issue_product(a_bufs, b_bufs, ready, into, it, STAGES: gl.constexpr):
-        """Wait for the tiles of this program's block ``it``, then start their product
-        (asynchronous; into the registers of ``into``, whose values it ignores)."""
+    def _issue_product(a_bufs, b_bufs, ready, into, it, STAGES: gl.constexpr, ROW0: gl.constexpr,
+                       SUB_M: gl.constexpr):
+        """Wait for the tiles of this program's block ``it``, then start the product of the A tile's
+        rows ``ROW0`` to ``ROW0 + SUB_M - 1`` (asynchronous; into the registers of ``into``, whose
+        values it ignores)."""
         stage = it % STAGES
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
-        return warpgroup_mma(a_bufs.index(stage), b_bufs.index(stage).permute((1, 0)), into, use_acc=False, is_async=True)
+        return warpgroup_mma(a_bufs.index(stage).slice(ROW0, SUB_M), b_bufs.index(stage).permute((1, 0)), into,
+                             use_acc=False, is_async=True)
 
     @gluon.jit
     def _block_scale(as_ptr, bs_ptr, rows, kb, stride_ask, bs_row):
@@ -116,8 +125,8 @@ if _IMPORT_ERROR is None:
     @gluon.jit
     def _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
                     base, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
-                    mma: gl.constexpr):
-        """One tile's fp32 accumulator over its K blocks, this program's blocks ``base`` to
+                    ROW0: gl.constexpr, SUB_M: gl.constexpr, mma: gl.constexpr):
+        """The fp32 accumulator of a tile's rows ``ROW0`` to ``ROW0 + SUB_M - 1`` over its K blocks, this program's blocks ``base`` to
         ``base + K_BLOCKS - 1`` (the MMAs and the scaling; without WS also the loads after the
         first STAGES blocks).
 
@@ -127,17 +136,16 @@ if _IMPORT_ERROR is None:
         loop's back edge (the compiler copies loop-carried registers there, and a copy of a
         running MMA's registers makes it serialize all MMAs). A product is issued into the
         registers of the same-named product before it, already scaled in."""
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-        even_done = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-        odd_done = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-        odd_scale = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
+        acc = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=mma)
+        even_done = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=mma)
+        odd_done = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=mma)
+        odd_scale = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
         for kb in range(0, K_BLOCKS - 1, 2):
-            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES)
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES, ROW0, SUB_M)
             even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb, stride_ask, bs_row)
             acc = acc + odd_done * odd_scale[:, None]
-            odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES)
+            odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES, ROW0, SUB_M)
             odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb + 1, stride_ask, bs_row)
             even_done = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
             _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb, kb, pid_m, pid_n, K_BLOCKS,
@@ -148,7 +156,7 @@ if _IMPORT_ERROR is None:
                            K_BLOCKS, STAGES, WS)
         acc = acc + odd_done * odd_scale[:, None]
         if K_BLOCKS % 2 == 1:  # the last block, alone
-            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + K_BLOCKS - 1, STAGES)
+            even = _issue_product(a_bufs, b_bufs, ready, even_done, base + K_BLOCKS - 1, STAGES, ROW0, SUB_M)
             even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, K_BLOCKS - 1, stride_ask, bs_row)
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(even,)) * even_scale[:, None]
             _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + K_BLOCKS - 1, K_BLOCKS - 1, pid_m,
@@ -158,12 +166,16 @@ if _IMPORT_ERROR is None:
     @gluon.jit
     def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
                  stride_ask, stride_bsn, stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr, mma: gl.constexpr):
-        """Every tile of this program: its accumulator (without WS first the loads of its first
-        STAGES blocks), then its store: with TMA_STORE through ``c_smem`` by the TMA unit to the
-        descriptor ``c_out``, else from registers to the pointer ``c_out``."""
+                 STAGES: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr,
+                 SUB: gl.constexpr, mma: gl.constexpr):
+        """Every tile of this program, the ``SUB``-th of its ``CONSUMERS`` row slices: the accumulator
+        (without WS first the loads of the tile's first STAGES blocks), then its store: with
+        TMA_STORE through ``c_smem[SUB]`` by the TMA unit to the descriptor ``c_out``, else from
+        registers to the pointer ``c_out``."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        ROW0: gl.constexpr = SUB * SUB_M
         base = 0
         for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
             pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -171,15 +183,15 @@ if _IMPORT_ERROR is None:
                 for kb in gl.static_range(STAGES):
                     if kb < K_BLOCKS:
                         _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, kb, pid_m, pid_n, STAGES)
-            rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+            rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, mma))
             bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
             acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, (rows % M) * stride_asm,
-                              bs_row, stride_ask, base, pid_m, pid_n, K_BLOCKS, STAGES, WS, mma)
+                              bs_row, stride_ask, base, pid_m, pid_n, K_BLOCKS, STAGES, WS, ROW0, SUB_M, mma)
             if TMA_STORE:  # through shared memory; the TMA unit writes it out while the next tile runs
                 tma.store_wait(0)  # the last tile's store has read c_smem
-                c_smem.store(acc.to(c_out.dtype))
+                c_smem.index(SUB).store(acc.to(c_out.dtype))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(c_out, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+                tma.async_copy_shared_to_global(c_out, [pid_m * BLOCK_M + ROW0, pid_n * BLOCK_N], c_smem.index(SUB))
             else:
                 cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
                 mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -192,7 +204,8 @@ if _IMPORT_ERROR is None:
     @gluon.jit
     def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, M, N, stride_asm, stride_ask, stride_bsn,
                                stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                               WS: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+                               WS: gl.constexpr, TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr,
+                               num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
@@ -205,21 +218,32 @@ if _IMPORT_ERROR is None:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)
         if TMA_STORE:
-            c_smem = gl.allocate_shared_memory(c_out.dtype, [BLOCK_M, BLOCK_N], c_out.layout)
+            c_smem = gl.allocate_shared_memory(c_out.dtype, [CONSUMERS, BLOCK_M // CONSUMERS, BLOCK_N], c_out.layout)
         else:
             c_smem = a_bufs  # not used
-        if WS:
+        if WS and CONSUMERS == 2:  # two consumer partitions of num_warps warps, each on half the rows
             gl.warp_specialize([
                 (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
                             stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
-                            mma)),
+                            CONSUMERS, _FIRST, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
+                            CONSUMERS, _SECOND, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES)),
+            ], [num_warps, 1], [_CONSUMER_REGISTERS, _PRODUCER_REGISTERS])
+        elif WS:
+            gl.warp_specialize([
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
+                            CONSUMERS, _FIRST, mma)),
                 (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES)),
             ], [1], [_PRODUCER_REGISTERS])
         else:
             _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
-                     stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE, mma)
+                     stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE, CONSUMERS, _FIRST,
+                     mma)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
@@ -227,15 +251,22 @@ if _IMPORT_ERROR is None:
 
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
-                 group_m: int = 8, programs: int | None = None, tma_store: bool = False) -> torch.Tensor:
+                 group_m: int = 8, programs: int | None = None, tma_store: bool = False,
+                 consumers: int = 1) -> torch.Tensor:
     """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
     128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
     ``warp_specialize`` a one-warp producer partition issues the TMA loads. ``programs`` (default
     one per tile) caps the grid: each program then loops over every ``programs``-th tile
     (persistent, e.g. one program per SM). ``tma_store`` writes each tile through shared memory
-    by TMA where ``out``'s rows are 16-byte aligned (else from registers)."""
+    by TMA where ``out``'s rows are 16-byte aligned (else from registers). ``consumers=2`` (with
+    ``warp_specialize``) splits each tile's rows between two consumer partitions of ``num_warps``
+    warps that synchronize only through the stages' barriers (``block_m`` a multiple of
+    ``32 * num_warps``)."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
+    if consumers not in (1, 2) or (consumers == 2 and not warp_specialize):
+        raise ValueError(f"gemm.fp8_block: the Gluon tiles take 1 consumer, or 2 with a producer partition; "
+                         f"got {consumers} (warp_specialize={warp_specialize})")
     m, k = a.shape
     n = b.shape[0]
     a_layout = gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], gl.float8e4nv)
@@ -248,10 +279,11 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     c_out = out
     if tma_store:
         c_type = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[out.dtype]
-        c_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_n], c_type)
-        c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m, block_n], c_layout)
+        c_layout = gl.NVMMASharedLayout.get_default_for([block_m // consumers, block_n], c_type)
+        c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n], c_layout)
     _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
                                  b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
-                                 STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, num_warps=num_warps,
-                                 **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
+                                 STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, CONSUMERS=consumers,
+                                 num_warps=num_warps,
+                                 **({"maxnreg": _WS_MAXNREG[consumers]} if warp_specialize else {}))
     return out
