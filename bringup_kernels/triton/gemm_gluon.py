@@ -42,8 +42,10 @@ else:
     _IMPORT_ERROR = None
 
 BLOCK_K = 128
-# Registers per thread with a producer partition: its warps and the kernel's make warpgroups of
-# 4; one program per SM shares 65536 registers (the consumers get the producer's unused share).
+# Registers per thread with a producer partition, by the number of consumer partitions: the
+# partitions' warps make warpgroups of 4, and one program per SM shares 65536 registers (the
+# consumers get the producer's unused share). One consumer of 8 warps: 168; two of 4 warps each
+# hold a 64-row slice and get 232, as the second's own count below.
 _WS_MAXNREG = {1: 168, 2: 232}
 
 
@@ -56,8 +58,8 @@ if _IMPORT_ERROR is None:
     _BLOCK_K = gl.constexpr(BLOCK_K)
     # Registers per thread of the one-warp producer partition (it holds a few indices).
     _PRODUCER_REGISTERS = gl.constexpr(40)
-    # Registers per thread of the second consumer partition (as the kernel's maxnreg gives the first).
-    _CONSUMER_REGISTERS = gl.constexpr(232)
+    # Registers per thread of the second consumer partition (the kernel's maxnreg gives the first).
+    _CONSUMER_REGISTERS = gl.constexpr(_WS_MAXNREG[2])
     _FIRST, _SECOND = gl.constexpr(0), gl.constexpr(1)
 
     @gluon.jit
