@@ -292,7 +292,7 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
     tuner found them fastest (see :func:`_tiles`); prefill shapes also get each TMA tile as
     persistent programs, timed last. With ``gluon`` (and ``tma``) prefill shapes default to the
     Gluon kernel's 128 x 128 tile, one program per SM, each tile stored by TMA
-    (``benchmarks.gemm_prefill``, H200, 2026-12-04: 1.32-1.54x the Triton default and 0.78-0.88x
+    (``benchmarks.gemm_prefill``, H200, 2026-12-04: 1.15-1.54x the Triton default and 0.78-0.88x
     DeepGEMM at the four DeepSeek-V3 shapes, the same bits); its one-program-per-tile form is
     timed second."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
