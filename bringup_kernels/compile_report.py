@@ -53,6 +53,7 @@ class Compiled:
     loop: "LoopCost | None" = None
     code: str = "-"  # a digest of the machine code: equal digests, the same instructions
     error: str = ""
+    threads: int = 0  # per program, every partition's warps included
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,17 @@ def _cuobjdump(cubin: bytes, tools: Path, flag: str) -> str:
         f.flush()
         return subprocess.run([str(tools / "cuobjdump"), flag, f.name], capture_output=True, text=True, check=True,
                               timeout=60).stdout
+
+
+REGISTER_FILE = 65536  # 32-bit registers of one SM (every CUDA GPU from compute capability 5.0)
+
+
+def _register_file_error(registers: int, threads: int) -> str:
+    """Why a program of ``threads`` threads at ``registers`` each cannot launch (the driver refuses
+    one that does not fit an SM's register file), else ``""``."""
+    if registers * threads <= REGISTER_FILE:
+        return ""
+    return f"{threads} threads x {registers} registers > the {REGISTER_FILE} of an SM: the launch is refused"
 
 
 def _resource_usage(cubin: bytes, tools: Path) -> tuple[int, int]:
@@ -177,9 +189,11 @@ def compiling_for(arch: int) -> Iterator[Recorder]:
         registers, spills = _resource_usage(kernel.asm["cubin"], tools)
         sass = _cuobjdump(kernel.asm["cubin"], tools, "-sass")
         pipelined, mma = _describe(kernel.asm["ttgir"], kernel.asm["ptx"], sass)
+        threads = kernel.metadata.num_warps * 32
         recorder.records.append(Compiled(recorder.op, recorder.case, self.__name__, registers, spills,
                                          kernel.metadata.shared, pipelined, mma, loop_cost(sass, kernel.asm["ttgir"]),
-                                         hashlib.sha256(sass.encode()).hexdigest()[:10]))
+                                         hashlib.sha256(sass.encode()).hexdigest()[:10],
+                                         _register_file_error(registers, threads), threads))
         return None
 
     JITFunction.run = compile_instead

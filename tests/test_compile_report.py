@@ -63,7 +63,8 @@ with compiling_for(90) as recorder:
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True)
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 4, warp_specialize=True, programs=132, tma_store=True, consumers=2)
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
-print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers] for r in recorder.records]))
+print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.threads, r.error]
+                  for r in recorder.records]))
 """
 
 
@@ -81,9 +82,17 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     if isinstance(records, dict):
         pytest.skip(records["skip"])
     assert len(records) == 3, records
-    for kernel, mma, pipelined, spills, registers in records:
-        assert (kernel, mma, pipelined, spills) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA", 0), records
-        assert registers <= 255
+    for kernel, mma, pipelined, spills, registers, threads, error in records:
+        assert (kernel, mma, pipelined, spills, error) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA", 0, ""), records
+        assert registers * threads <= 65536  # else the driver refuses the launch
+    assert [r[5] for r in records] == [384, 384, 256]  # a producer partition takes a warpgroup of its own
+
+
+def test_a_launch_that_overflows_the_register_file_is_an_error():
+    from bringup_kernels.compile_report import _register_file_error
+
+    assert _register_file_error(168, 384) == ""
+    assert "384 threads x 232 registers" in _register_file_error(232, 384)
 
 
 def test_a_serialized_warpgroup_mma_is_named():

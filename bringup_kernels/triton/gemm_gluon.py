@@ -42,11 +42,12 @@ else:
     _IMPORT_ERROR = None
 
 BLOCK_K = 128
-# Registers per thread with a producer partition, by the number of consumer partitions: the
-# partitions' warps make warpgroups of 4, and one program per SM shares 65536 registers (the
-# consumers get the producer's unused share). One consumer of 8 warps: 168; two of 4 warps each
-# hold a 64-row slice and get 232, as the second's own count below.
-_WS_MAXNREG = {1: 168, 2: 232}
+# The kernel's registers per thread with a producer partition. Partitions run as warpgroups of 4
+# warps, 12 in all in both layouts (a consumer of 8 warps, or two of 4, and the producer's group),
+# and one program per SM shares 65536 registers: 384 threads fit at 168 (a launch of more is
+# refused). The partitions then re-divide them: the producer drops to its count below, a second
+# consumer rises to its own, and the first consumer gets the rest (232 in both layouts).
+_WS_MAXNREG = 168
 
 
 def gluon_reason() -> str | None:
@@ -58,8 +59,8 @@ if _IMPORT_ERROR is None:
     _BLOCK_K = gl.constexpr(BLOCK_K)
     # Registers per thread of the one-warp producer partition (it holds a few indices).
     _PRODUCER_REGISTERS = gl.constexpr(40)
-    # Registers per thread of the second consumer partition (the kernel's maxnreg gives the first).
-    _CONSUMER_REGISTERS = gl.constexpr(_WS_MAXNREG[2])
+    # Registers per thread of the second consumer partition (the first gets what is left: the same).
+    _CONSUMER_REGISTERS = gl.constexpr(232)
     _FIRST, _SECOND = gl.constexpr(0), gl.constexpr(1)
 
     @gluon.jit
@@ -287,5 +288,5 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
                                  b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
                                  STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, CONSUMERS=consumers,
                                  num_warps=num_warps,
-                                 **({"maxnreg": _WS_MAXNREG[consumers]} if warp_specialize else {}))
+                                 **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
     return out
