@@ -109,15 +109,19 @@ def div_rows_rn(x, divisor, COMPILED: tl.constexpr):
     positive normal ``divisor`` [rows] with normal-range quotients.
 
     Compiled: one IEEE reciprocal per row, then per element a product and Markstein's correction
-    (``q = x * r``, ``q + fma(-q, d, x) * r``), which is the correctly rounded quotient when ``r`` is
-    the correctly rounded reciprocal and ``q`` is within an ulp; zeros keep their sign. Per element
-    a multiply and two FMAs instead of a division, whose reciprocal runs on the quarter-rate XU
-    pipe. Under the interpreter, whose numpy FMA would round twice, it is ``div_rn`` itself."""
+    (``q = x * r``, then ``q - fma(q, d, -x) * r``: the residual is exact, so negating it changes no
+    bits), which is the correctly rounded quotient when ``r`` is the correctly rounded reciprocal
+    and ``q`` is within an ulp. A zero keeps its sign with no select: ``fma(q, d, -x)`` is +0 for
+    either zero and ``q - 0 * r`` adds -0. Per element a multiply and two FMAs instead of a
+    division, whose reciprocal runs on the quarter-rate XU pipe. Under the interpreter, whose numpy
+    FMA would round twice, it is ``div_rn`` itself."""
     if COMPILED:
         r = tl.math.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor)[:, None]
         q = x * r
-        q = tl.fma(tl.fma(-q, divisor[:, None], x), r, q)
-        return tl.where(x == 0.0, x, q)
+        # Negated as products by -1 (a sign flip that folds into the FMA); Triton's unary minus is
+        # 0 - x, which would turn -0 into +0.
+        residual = tl.fma(q, divisor[:, None], x * -1.0)
+        return tl.fma(residual * -1.0, r, q)
     else:
         return tl.math.div_rn(x, divisor[:, None])
 
