@@ -281,6 +281,7 @@ def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, c
                 raise OutOfResources(300000, 232448, "shared memory")
             return launch
 
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "0")  # the untimed default (the tuner leaves failing tiles out)
     monkeypatch.setattr(gemm, "_fp8_gemm_tma_kernel", FailingTma())
     monkeypatch.setattr(gemm, "has_gluon", lambda device: False)  # the prefill default on a Hopper GPU
     monkeypatch.setattr(gemm, "_TMA_FAILED", [])
@@ -305,6 +306,9 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     assert first.gluon and first.persistent and second.gluon and not second.persistent
     assert not any(c.gluon for c in gemm.candidates(4096, 2112, 7168, 132, tma=True))
     assert not any(c.gluon for c in gemm.candidates(128, 2112, 7168, 132, tma=True, gluon=True))
+    wide = gemm.candidates(128, 24576, 1536, 132, tma=True, gluon=True)  # 192 tiles of 128 x 128: a wave
+    assert wide[0].gluon and wide[0].persistent and not any(c.gluon for c in wide[1:])
+    assert not any(c.gluon for c in gemm.candidates(64, 24576, 1536, 132, tma=True, gluon=True))
     gen = generator(14)
     a, sa = act_quant_reference(torch.randn(300, 256, generator=gen).to(DEVICE))
     b, sb = quantize_weight(torch.randn(72, 256, generator=gen).to(DEVICE) * 256 ** -0.5)
@@ -317,6 +321,7 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     def failing_launch(*args, **kwargs):
         raise RuntimeError("PassManager::run failed")
 
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "0")  # the untimed defaults (the tuner may time another tile first)
     monkeypatch.setattr(gemm, "_GLUON_FAILED", [])
     monkeypatch.setattr(gemm, "has_gluon", lambda device: not gemm._GLUON_FAILED)
     monkeypatch.setattr(gemm, "launch_gluon", failing_launch)
@@ -359,7 +364,7 @@ def test_every_kv_store_launch_gives_the_reference_bits(fp8):
     cache = torch.randn(blocks, page, 80, generator=gen).to(DEVICE, FP8 if fp8 else torch.bfloat16)
     scale = torch.rand(blocks, page, generator=gen).to(DEVICE) if fp8 else None
     expected = store_reference(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None)
-    configs = {StoreConfig(2, 2, 4, 2), StoreConfig(8, 4, 8, 3), StoreConfig(4, 4, 32, 4)}
+    configs = {StoreConfig(2, 2), StoreConfig(2, 2, 4, 2), StoreConfig(8, 4, 8, 3), StoreConfig(4, 4, 32, 4)}
     assert configs <= set(store_candidates(tokens, 128, fp8)), "the test's launches are among the candidates"
     for config in sorted(configs, key=StoreConfig.label):
         got = store_with(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None, config)
