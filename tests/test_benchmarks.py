@@ -297,6 +297,30 @@ def test_backend_rows_check_each_output_and_ratio_to_triton(monkeypatch):
                                   "declines this call: tensors are not on a CUDA device")
 
 
+@pytest.mark.parametrize("replay", [False, True])
+def test_gemm_times_prefill_shapes_eagerly_unless_asked_to_replay(replay, monkeypatch):
+    """Up to 128 rows every call is a graph replay; 4096 rows eager (host time included) unless
+    ``--replay``; each row says which. The GPU's parts are replaced: no device is here."""
+    import argparse
+
+    from benchmarks import gemm as gemm_bench
+
+    timed = []
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "1")  # measure sets it; restored after
+    monkeypatch.setattr(gemm_bench, "SHAPES", [(128, 256, 256), (4096, 256, 256)])
+    monkeypatch.setattr(gemm_bench, "operands", lambda m, n, k: (torch.empty(m, k), None, torch.empty(n, k), None))
+    monkeypatch.setattr(gemm_bench, "cublas_rowwise", lambda *operands: lambda: None)
+    monkeypatch.setattr(gemm_bench, "triton_config", lambda *operands: "default 128x128")
+    monkeypatch.setattr(harness, "usable_backends", lambda names, family: ["triton"])
+    monkeypatch.setattr(harness, "fp8_gemm_flops", lambda: 1e15)
+    monkeypatch.setattr(harness, "copy_bandwidth", lambda: 4e12)
+    monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: (timed.append(graph), 0.01)[1])
+    rows = gemm_bench.measure(argparse.Namespace(tune=False, replay=replay))
+    assert timed == [True, True, replay, replay]  # cuBLAS, then ours, per shape
+    assert ["graph replays" in r.notes for r in rows] == [True, replay]
+    assert "eager (do_bench)" in rows[1].notes or replay
+
+
 def test_gemm_tuner_rows_rank_the_timed_candidates_against_the_default(monkeypatch):
     """With --tune the GEMM benchmark lists, per tuned shape, the fastest candidates beside the
     untimed default (its time, or that it failed to run)."""

@@ -28,6 +28,8 @@ stored; the A scales of such rows are read from wrapped rows, as the Triton kern
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -252,6 +254,15 @@ if _IMPORT_ERROR is None:
             mbarrier.invalidate(empty.index(s))
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a [rows, cols] TMA block of ``dtype``, made once per
+    block (a few microseconds of host time each, three per call otherwise)."""
+    element = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+               torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], element)
+
+
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
                  group_m: int = 8, programs: int | None = None, tma_store: bool = False,
@@ -272,18 +283,15 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
                          f"got {consumers} (warp_specialize={warp_specialize})")
     m, k = a.shape
     n = b.shape[0]
-    a_layout = gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], gl.float8e4nv)
-    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.float8e4nv)
-    a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], a_layout)
-    b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], b_layout)
+    a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], _shared_layout(block_m, BLOCK_K, a.dtype))
+    b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], _shared_layout(block_n, BLOCK_K, b.dtype))
     tiles = -(-m // block_m) * -(-n // block_n)
     grid = (min(tiles, programs or tiles),)
     tma_store = tma_store and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
     c_out = out
     if tma_store:
-        c_type = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[out.dtype]
-        c_layout = gl.NVMMASharedLayout.get_default_for([block_m // consumers, block_n], c_type)
-        c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n], c_layout)
+        c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n],
+                                 _shared_layout(block_m // consumers, block_n, out.dtype))
     _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
                                  b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
                                  STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, CONSUMERS=consumers,
