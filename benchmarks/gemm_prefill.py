@@ -16,14 +16,18 @@ those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon k
 producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
 SM looping over tiles: the producer loads the next tile while the consumers store the last) and
 ``+tma-store`` (each tile written through shared memory by TMA), and with ``gluon-ws``
-``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows), e.g.
-``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default).
+``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows) or
+``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
+registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs), e.g.
+``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows) or
+``gluon-ws+persistent+split4:128x128x4x8``.
 The bits check also compares the last shape in full.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from functools import partial
@@ -72,11 +76,18 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
         return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain))
     kind, *extras = kind.split("+")
+    splits = [int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)]
     allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
+    if splits:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
+        allowed = {"persistent", f"split{splits[0]}"} if kind == "gluon-ws" and len(splits) == 1 else set()
     if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
         bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
 
         def run(a, sa, b, sb):
+            if splits:
+                return gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(bm, bn, splits[0], warps, stages, tma=True,
+                                                                             persistent="persistent" in extras,
+                                                                             gluon=True))
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
@@ -86,8 +97,9 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
             return gemm.launch(a, sa, b, sb, torch.bfloat16, triton_default_config(a.shape[0], b.shape[0], a.shape[1]))
 
         return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default
-    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES or "
-                     "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS")
+    raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
+                     "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
+                     "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
 
 
 def child(text: str, rows: tuple[int, ...]) -> None:

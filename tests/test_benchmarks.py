@@ -425,10 +425,12 @@ def test_the_decode_profile_says_whether_the_kernels_ran_as_programmatic_depende
 @pytest.mark.parametrize("args, message", [
     (["--m", "64,x"], "expected comma-separated row counts (M), got '64,x'"),
     (["--configs", "gluon+two-consumers:128x128x4x4"], "'gluon+two-consumers:128x128x4x4' is not"),
-    (["--configs", "gluon-ws+fast:128x128x4x8"], "'gluon-ws+fast:128x128x4x8' is not")])
+    (["--configs", "gluon-ws+fast:128x128x4x8"], "'gluon-ws+fast:128x128x4x8' is not"),
+    (["--configs", "gluon-ws+split2+tma-store:128x128x4x8"], "'gluon-ws+split2+tma-store:128x128x4x8' is not"),
+    (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not")])
 def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, message, capsys):
-    """Two consumer partitions need the producer partition (gluon-ws); unknown options and rows
-    are refused before any child process starts."""
+    """Two consumer partitions and K splits need the producer partition (gluon-ws), K splits store
+    from registers; unknown options and rows are refused before any child process starts."""
     from benchmarks import gemm_prefill
 
     with pytest.raises(SystemExit) as info:
@@ -436,3 +438,4 @@ def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, messag
     assert info.value.code == 2 and message in capsys.readouterr().err
     assert gemm_prefill.candidate("gluon-ws+persistent+tma-store+two-consumers:128x128x4x4")[0] == (
         "gluon-ws 128x128 s4 w4 persistent tma-store two-consumers")
+    assert gemm_prefill.candidate("gluon-ws+persistent+split4:128x128x4x8")[0] == "gluon-ws 128x128 s4 w8 persistent split4"

@@ -63,6 +63,8 @@ with compiling_for(90) as recorder:
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True)
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 4, warp_specialize=True, programs=132, tma_store=True, consumers=2)
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
+    a, sa = a[:128], sa[:128]  # 128 rows: four K shares per tile, fp32 partials
+    launch_gluon(a, sa, b, sb, torch.empty(4, 128, n), 128, 128, 4, 8, warp_specialize=True, programs=132, split_k=4)
 print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.threads, r.error]
                   for r in recorder.records]))
 """
@@ -73,7 +75,7 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
     engine's tile (producer partition, one program per SM, TMA stores), the same with two
-    consumer partitions, and a tile without a producer."""
+    consumer partitions, a tile without a producer, and the engine's tile with K splits."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -81,11 +83,11 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     records = json.loads(done.stdout.splitlines()[-1])
     if isinstance(records, dict):
         pytest.skip(records["skip"])
-    assert len(records) == 3, records
+    assert len(records) == 4, records
     for kernel, mma, pipelined, spills, registers, threads, error in records:
         assert (kernel, mma, pipelined, spills, error) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA", 0, ""), records
         assert registers * threads <= 65536  # else the driver refuses the launch
-    assert [r[5] for r in records] == [384, 384, 256]  # a producer partition takes a warpgroup of its own
+    assert [r[5] for r in records] == [384, 384, 256, 384]  # a producer partition takes a warpgroup of its own
 
 
 def test_a_launch_that_overflows_the_register_file_is_an_error():

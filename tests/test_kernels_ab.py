@@ -7,6 +7,8 @@ covered without touching this file. Without a GPU the kernels run under TRITON_I
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -230,8 +232,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
 def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
     without a producer partition, one program per tile or a few looping over the tiles,
-    storing from registers or by TMA, with one consumer partition or two, computes the Triton kernel's sums in the same order: the
-    same bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
+    storing from registers or by TMA, with one consumer partition or two, with or without K splits,
+    computes the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
+    tiles benchmarks.gemm_prefill times."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
@@ -239,7 +242,7 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
     gen = generator(13)
-    # odd and even K block counts, no K splits; 196 bf16 columns are too narrow a row for the TMA store
+    # odd and even K block counts; 196 bf16 columns are too narrow a row for the TMA store
     for m, n, k in ((300, 196, 384), (520, 392, 1280)):
         a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
         b, sb = quantize_weight(torch.randn(n, k, generator=gen).to(DEVICE) * k ** -0.5)
@@ -260,6 +263,11 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                 launch_gluon(a, sa, b, sb, out, bm, bn, 4, 4, warp_specialize=True, programs=programs,
                              tma_store=True, consumers=2)
                 assert torch.equal(out, expected), (m, n, k, bm, bn, programs, "two consumers", out_dtype)
+            for split in (s for s in (2, 3, 5) if (k // 128) % s == 0):  # K splits: fp32 shares, summed alike
+                expected_split = gemm.launch(a, sa, b, sb, out_dtype, replace(triton_tiles, split_k=split))
+                for tiles in (replace(triton_tiles, split_k=split, persistent=True, gluon=True),
+                              gemm.Config(64, 128, split, 4, 4, tma=True, gluon=True)):
+                    assert torch.equal(gemm.launch(a, sa, b, sb, out_dtype, tiles), expected_split), (m, n, k, tiles)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
@@ -315,7 +323,7 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     if not gemm.has_tma(a.device):
         pytest.skip("no TMA tiles here")
     if not gemm.has_gluon(a.device):
-        with pytest.raises(ValueError, match="the Gluon tiles need a Hopper GPU, TMA and no K split"):
+        with pytest.raises(ValueError, match="the Gluon tiles need a Hopper GPU and TMA"):
             gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(128, 128, 1, 8, 4, tma=True, gluon=True))
 
     def failing_launch(*args, **kwargs):

@@ -70,7 +70,7 @@ class Config:
     num_stages: int
     group_m: int = 8
     tma: bool = False  # A and B tiles through TMA descriptors (see the module doc)
-    persistent: bool = False  # with tma and no K split: one program per SM loops over the tiles
+    persistent: bool = False  # with tma and no K split (Gluon: with one too): one program per SM loops over the tiles
     warp_specialize: bool = False  # with tma: the K loop split into a TMA producer and MMA consumers
     gluon: bool = False  # the Gluon kernel (gemm_gluon.py): producer partition, TMA stores; prefill on Hopper
 
@@ -366,18 +366,31 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     if config.tma and not tma_usable(a, b):
         raise ValueError(f"gemm.fp8_block: {config} needs TMA on the device and 16-byte-aligned operands")
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
+    if config.gluon:
+        if not (config.tma and has_gluon(a.device)):
+            raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU and TMA")
+        launch_gluon(a, a_scale, b, b_scale, target, config.block_m, config.block_n, config.num_stages,
+                     config.num_warps, warp_specialize=True, group_m=config.group_m,
+                     programs=num_sms(a.device) if config.persistent else None, tma_store=True, split_k=split)
+    else:
+        _launch_triton(a, a_scale, b, b_scale, target, config)
+    if split > 1:
+        _sum_splits_kernel[(cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
+    return out
+
+
+def _launch_triton(a, a_scale, b, b_scale, target: torch.Tensor, config: Config) -> None:
+    """The Triton tiles of ``config`` into ``target``: the output, or with a K split its fp32
+    [split, M, N] partial products."""
+    m, k = a.shape
+    n = b.shape[0]
+    split = config.split_k
     grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), split)
     shape = dict(K_BLOCKS=k // BLOCK, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK, SPLIT_K=split,
                  GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages)
     split_stride = target.stride(0) if split > 1 else 0
     if config.persistent and not (config.tma and split == 1):
         raise ValueError(f"gemm.fp8_block: {config}: persistent tiles need TMA and no K split")
-    if config.gluon:
-        if not (config.tma and split == 1 and has_gluon(a.device)):
-            raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU, TMA and no K split")
-        return launch_gluon(a, a_scale, b, b_scale, out, config.block_m, config.block_n, config.num_stages,
-                            config.num_warps, warp_specialize=True, group_m=config.group_m,
-                            programs=num_sms(a.device) if config.persistent else None, tma_store=True)
     if config.warp_specialize and not (config.tma and not config.persistent):
         raise ValueError(f"gemm.fp8_block: {config}: warp specialization needs TMA tiles, not persistent")
     if config.tma:
@@ -386,7 +399,7 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     if config.persistent:
         programs = min(grid[0], num_sms(a.device))
         shape.pop("SPLIT_K")
-        _fp8_gemm_tma_persistent_kernel[(programs, 1)](a_desc, a_scale, b_desc, b_scale, out, m, n, a_scale.stride(0),
+        _fp8_gemm_tma_persistent_kernel[(programs, 1)](a_desc, a_scale, b_desc, b_scale, target, m, n, a_scale.stride(0),
                                                        a_scale.stride(1), b_scale.stride(0), n, COMPILED=compiled_for_gpu(),
                                                        **shape)
     elif config.tma:
@@ -395,9 +408,6 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     else:
         _fp8_gemm_kernel[grid](a, a_scale, b, b_scale, target, m, n, a.stride(0), a_scale.stride(0), a_scale.stride(1),
                                b.stride(0), b_scale.stride(0), split_stride, n, **shape)
-    if split > 1:
-        _sum_splits_kernel[(cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
-    return out
 
 
 # What the tuner timed, per tuning key: the untimed default and (ms, configuration) from fastest

@@ -12,7 +12,10 @@ CTA-wide barrier). With ``CONSUMERS = 2`` (and WS) two consumer partitions each 
 tile's rows; each marks a stage ``empty`` on its own, so neither waits at a barrier for the
 other (with one partition of 8 warps the compiler puts a CTA-wide barrier before every stage
 barrier wait and arrive). With ``TMA_STORE`` a finished tile goes through shared memory to a TMA
-store that runs while the next tile computes; else the warps store it from registers.
+store that runs while the next tile computes; else the warps store it from registers. With
+``SPLITS > 1`` each tile is SPLITS work items, one per equal share of its K blocks, and each
+item's fp32 partial product goes from registers to its own [M, N] slice of the output, which the
+caller sums (for row counts whose tiles alone would leave SMs idle).
 
 Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued
 asynchronously *one block ahead of its scaling*: while the tensor cores compute block i's
@@ -101,39 +104,42 @@ if _IMPORT_ERROR is None:
         return gl.load(as_ptr + rows + kb * stride_ask) * gl.load(bs_ptr + bs_row + kb)
 
     @gluon.jit
-    def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, kb, pid_m, pid_n, K_BLOCKS: gl.constexpr,
+    def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, kb, k0, pid_m, pid_n, K_BLOCKS: gl.constexpr,
                        STAGES: gl.constexpr, WS: gl.constexpr):
-        """Block ``it``'s product (K block ``kb`` of its tile) is done, its stage free: with a producer
-        partition (WS), say so on the stage's ``empty`` barrier; else load the tile's K block
-        ``kb + STAGES`` (if any) into it here."""
+        """Block ``it``'s product (the ``kb``-th of the K_BLOCKS blocks from K block ``k0``) is done,
+        its stage free: with a producer partition (WS), say so on the stage's ``empty`` barrier;
+        else load block ``kb + STAGES`` (if any) into it here."""
         if WS:
             mbarrier.arrive(empty.index(it % STAGES), count=1)
         elif kb + STAGES < K_BLOCKS:
-            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES, kb + STAGES, pid_m, pid_n, STAGES)
+            _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES, k0 + kb + STAGES, pid_m, pid_n, STAGES)
 
     @gluon.jit
     def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr):
-        """The producer partition: every K block of every tile of this program into its stage once
-        the stage is free (a fresh barrier counts as freed, so the first round does not wait). It
-        runs ahead into the next tile while the consumers finish and store the last one."""
+                 STAGES: gl.constexpr, SPLITS: gl.constexpr):
+        """The producer partition: every K block of every work item (a tile's share of the K
+        blocks) of this program into its stage once the stage is free (a fresh barrier counts as
+        freed, so the first round does not wait). It runs ahead into the next item while the
+        consumers finish and store the last one."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        K_SPLIT: gl.constexpr = K_BLOCKS // SPLITS
         it = 0
-        for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            for kb in range(K_BLOCKS):
+        for work in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(work // SPLITS, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            k0 = (work % SPLITS) * K_SPLIT
+            for kb in range(K_SPLIT):
                 mbarrier.wait(empty.index(it % STAGES), ((it // STAGES) & 1) ^ 1)
-                _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, kb, pid_m, pid_n, STAGES)
+                _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, k0 + kb, pid_m, pid_n, STAGES)
                 it += 1
 
     @gluon.jit
     def _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
-                    base, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
+                    base, k0, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
                     ROW0: gl.constexpr, SUB_M: gl.constexpr, mma: gl.constexpr):
-        """The fp32 accumulator of a tile's rows ``ROW0`` to ``ROW0 + SUB_M - 1`` over its K blocks, this program's blocks ``base`` to
-        ``base + K_BLOCKS - 1`` (the MMAs and the scaling; without WS also the loads after the
-        first STAGES blocks).
+        """The fp32 accumulator of a tile's rows ``ROW0`` to ``ROW0 + SUB_M - 1`` over K_BLOCKS K
+        blocks from block ``k0``, this program's blocks ``base`` to ``base + K_BLOCKS - 1`` (the
+        MMAs and the scaling; without WS also the loads after the first STAGES blocks).
 
         K blocks go in pairs. Each iteration issues the even block's product, scales in the odd
         product of the iteration before while it runs, issues the odd block's product, scales in
@@ -148,50 +154,53 @@ if _IMPORT_ERROR is None:
         odd_scale = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
         for kb in range(0, K_BLOCKS - 1, 2):
             even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES, ROW0, SUB_M)
-            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb, stride_ask, bs_row)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb, stride_ask, bs_row)
             acc = acc + odd_done * odd_scale[:, None]
             odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES, ROW0, SUB_M)
-            odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, kb + 1, stride_ask, bs_row)
+            odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb + 1, stride_ask, bs_row)
             even_done = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb, kb, pid_m, pid_n, K_BLOCKS,
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb, kb, k0, pid_m, pid_n, K_BLOCKS,
                            STAGES, WS)
             acc = acc + even_done * even_scale[:, None]
             odd_done = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb + 1, kb + 1, pid_m, pid_n,
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb + 1, kb + 1, k0, pid_m, pid_n,
                            K_BLOCKS, STAGES, WS)
         acc = acc + odd_done * odd_scale[:, None]
         if K_BLOCKS % 2 == 1:  # the last block, alone
             even = _issue_product(a_bufs, b_bufs, ready, even_done, base + K_BLOCKS - 1, STAGES, ROW0, SUB_M)
-            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, K_BLOCKS - 1, stride_ask, bs_row)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + K_BLOCKS - 1, stride_ask, bs_row)
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(even,)) * even_scale[:, None]
-            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + K_BLOCKS - 1, K_BLOCKS - 1, pid_m,
-                           pid_n, K_BLOCKS, STAGES, WS)
+            _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + K_BLOCKS - 1, K_BLOCKS - 1, k0,
+                           pid_m, pid_n, K_BLOCKS, STAGES, WS)
         return acc
 
     @gluon.jit
     def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
-                 stride_ask, stride_bsn, stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr,
-                 SUB: gl.constexpr, mma: gl.constexpr):
-        """Every tile of this program, the ``SUB``-th of its ``CONSUMERS`` row slices: the accumulator
-        (without WS first the loads of the tile's first STAGES blocks), then its store: with
+                 stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                 STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr,
+                 CONSUMERS: gl.constexpr, SUB: gl.constexpr, mma: gl.constexpr):
+        """Every work item of this program (a tile, or with SPLITS > 1 one of a tile's SPLITS equal
+        shares of the K blocks), the ``SUB``-th of its ``CONSUMERS`` row slices: the accumulator
+        (without WS first the loads of the item's first STAGES blocks), then its store: with
         TMA_STORE through ``c_smem[SUB]`` by the TMA unit to the descriptor ``c_out``, else from
-        registers to the pointer ``c_out``."""
+        registers to the pointer ``c_out``, share s's fp32 partial ``s * stride_split`` on."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
         ROW0: gl.constexpr = SUB * SUB_M
+        K_SPLIT: gl.constexpr = K_BLOCKS // SPLITS
         base = 0
-        for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for work in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(work // SPLITS, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            k0 = (work % SPLITS) * K_SPLIT
             if not WS:
                 for kb in gl.static_range(STAGES):
-                    if kb < K_BLOCKS:
-                        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, kb, pid_m, pid_n, STAGES)
+                    if kb < K_SPLIT:
+                        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, k0 + kb, pid_m, pid_n, STAGES)
             rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, mma))
             bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
             acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, (rows % M) * stride_asm,
-                              bs_row, stride_ask, base, pid_m, pid_n, K_BLOCKS, STAGES, WS, ROW0, SUB_M, mma)
+                              bs_row, stride_ask, base, k0, pid_m, pid_n, K_SPLIT, STAGES, WS, ROW0, SUB_M, mma)
             if TMA_STORE:  # through shared memory; the TMA unit writes it out while the next tile runs
                 tma.store_wait(0)  # the last tile's store has read c_smem
                 c_smem.index(SUB).store(acc.to(c_out.dtype))
@@ -200,17 +209,18 @@ if _IMPORT_ERROR is None:
             else:
                 cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
                 mask = (rows < M)[:, None] & (cols < N)[None, :]
-                gl.store(c_out + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :],
+                share = c_out + (work % SPLITS).to(gl.int64) * stride_split
+                gl.store(share + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :],
                          acc.to(c_out.dtype.element_ty), mask=mask)
-            base += K_BLOCKS
+            base += K_SPLIT
         if TMA_STORE:
             tma.store_wait(0)
 
     @gluon.jit
     def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, M, N, stride_asm, stride_ask, stride_bsn,
-                               stride_cm, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                               WS: gl.constexpr, TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                               STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr,
+                               TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
@@ -231,24 +241,24 @@ if _IMPORT_ERROR is None:
         if WS and CONSUMERS == 2:  # two consumer partitions of num_warps warps, each on half the rows
             gl.warp_specialize([
                 (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
-                            CONSUMERS, _FIRST, mma)),
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
                 (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
-                            CONSUMERS, _SECOND, mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES)),
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _SECOND, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
             ], [num_warps, 1], [_CONSUMER_REGISTERS, _PRODUCER_REGISTERS])
         elif WS:
             gl.warp_specialize([
                 (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE,
-                            CONSUMERS, _FIRST, mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES)),
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
             ], [1], [_PRODUCER_REGISTERS])
         else:
             _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
-                     stride_ask, stride_bsn, stride_cm, K_BLOCKS, GROUP_M, STAGES, WS, TMA_STORE, CONSUMERS, _FIRST,
-                     mma)
+                     stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES, SPLITS, WS, TMA_STORE,
+                     CONSUMERS, _FIRST, mma)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
             mbarrier.invalidate(empty.index(s))
@@ -266,16 +276,18 @@ def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
                  group_m: int = 8, programs: int | None = None, tma_store: bool = False,
-                 consumers: int = 1) -> torch.Tensor:
+                 consumers: int = 1, split_k: int = 1) -> torch.Tensor:
     """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
     128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
     ``warp_specialize`` a one-warp producer partition issues the TMA loads. ``programs`` (default
-    one per tile) caps the grid: each program then loops over every ``programs``-th tile
+    one per work item) caps the grid: each program then loops over every ``programs``-th item
     (persistent, e.g. one program per SM). ``tma_store`` writes each tile through shared memory
     by TMA where ``out``'s rows are 16-byte aligned (else from registers). ``consumers=2`` (with
     ``warp_specialize``) splits each tile's rows between two consumer partitions of ``num_warps``
     warps that synchronize only through the stages' barriers (``block_m`` a multiple of
-    ``32 * num_warps``)."""
+    ``32 * num_warps``). ``split_k > 1`` (dividing the K blocks) makes each tile ``split_k`` work
+    items, one per equal share of its K blocks, and ``out`` a contiguous fp32 [split_k, M, N]
+    holding each share's partial product, stored from registers; the caller sums them."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
     if consumers not in (1, 2) or (consumers == 2 and not warp_specialize):
@@ -283,18 +295,22 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
                          f"got {consumers} (warp_specialize={warp_specialize})")
     m, k = a.shape
     n = b.shape[0]
+    if split_k < 1 or (k // BLOCK_K) % split_k or (split_k > 1 and (out.shape != (split_k, m, n) or
+                                                                  out.dtype != torch.float32 or not out.is_contiguous())):
+        raise ValueError(f"gemm.fp8_block: the Gluon tiles' split_k={split_k} must divide the {k // BLOCK_K} K blocks, "
+                         f"its out a contiguous fp32 [{split_k}, {m}, {n}]; got {tuple(out.shape)} {out.dtype}")
     a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], _shared_layout(block_m, BLOCK_K, a.dtype))
     b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], _shared_layout(block_n, BLOCK_K, b.dtype))
-    tiles = -(-m // block_m) * -(-n // block_n)
-    grid = (min(tiles, programs or tiles),)
-    tma_store = tma_store and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
+    work = -(-m // block_m) * -(-n // block_n) * split_k
+    grid = (min(work, programs or work),)
+    tma_store = tma_store and split_k == 1 and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
     c_out = out
     if tma_store:
         c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n],
                                  _shared_layout(block_m // consumers, block_n, out.dtype))
     _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
-                                 b_scale.stride(0), out.stride(0), K_BLOCKS=k // BLOCK_K, GROUP_M=group_m,
-                                 STAGES=stages, WS=warp_specialize, TMA_STORE=tma_store, CONSUMERS=consumers,
-                                 num_warps=num_warps,
+                                 b_scale.stride(0), out.stride(-2), m * n if split_k > 1 else 0, K_BLOCKS=k // BLOCK_K,
+                                 GROUP_M=group_m, STAGES=stages, SPLITS=split_k, WS=warp_specialize,
+                                 TMA_STORE=tma_store, CONSUMERS=consumers, num_warps=num_warps,
                                  **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
     return out
