@@ -5,6 +5,9 @@
 # default all, in this order) picks the steps:
 #   tests      pytest -m gpu over TESTS (default tests/: engine vs transformers bf16, CUDA graphs,
 #              EP over NCCL, graph replay; TESTS_LIMIT seconds, default 300)
+#   kernel-tests  the kernel tests not marked gpu, which run on the GPU where there is one (on CPU
+#              under the interpreter in CI): tests/test_kernels_ab.py, test_fused_kernels.py,
+#              test_dense_gemm.py, test_sample.py (KERNEL_TESTS_LIMIT seconds, default 240)
 #   probe      python -m bringup_kernels.triton_probe (7 Triton feature checks, PTX target)
 #   ab         python -m bringup_kernels.ab --full at DeepSeek-V3 shapes (the ops in AB_OPS, default all;
 #              AB_LIMIT seconds, default 240)
@@ -55,7 +58,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export BRINGUP_TESTS_FAILURES_AT_ONCE=1  # a step cut off by its limit still shows why a test failed
 PY=${PY:-python3}
-STEPS=,${STEPS:-tests,probe,ab,e2e,determinism,native,bench,sweep,vendor,tilelang,profile,ncu},
+STEPS=,${STEPS:-tests,kernel-tests,probe,ab,e2e,determinism,native,bench,sweep,vendor,tilelang,profile,ncu},
 BENCH=${BENCH-ops,gemm,dense,moe,engine_decode,prefill,engine_ep,host_overhead}
 declare -a ROWS
 
@@ -101,6 +104,8 @@ want vendor-tests && elsewhere+=(--ignore=tests/test_vendor_gpu.py)
 want tilelang-tests && elsewhere+=(--ignore=tests/test_tilelang_gpu.py --ignore=tests/test_tilelang_compile.py)
 want tests && ENGINE_OPS_TUNE=0 step gpu-tests "${TESTS_LIMIT:-300}" $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "${per_test[@]}" \
   "${elsewhere[@]}" --continue-on-collection-errors -k "not full_shapes_match_the_reference" ${TESTS:-tests}
+want kernel-tests && ENGINE_OPS_TUNE=0 step kernel-tests "${KERNEL_TESTS_LIMIT:-240}" $PY -m pytest -q -rfE -m "not gpu" \
+  -p no:cacheprovider "${per_test[@]}" tests/test_kernels_ab.py tests/test_fused_kernels.py tests/test_dense_gemm.py tests/test_sample.py
 want probe && step probe 60 $PY -m bringup_kernels.triton_probe --json "$OUT/probe.json"
 want ab && ENGINE_OPS_TUNE=0 step ab-full "${AB_LIMIT:-240}" $PY -m bringup_kernels.ab --full --ops "${AB_OPS:-*}" --json "$OUT/ab-full.json"
 if want e2e; then
