@@ -270,6 +270,21 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                     assert torch.equal(gemm.launch(a, sa, b, sb, out_dtype, tiles), expected_split), (m, n, k, tiles)
 
 
+def test_gluon_k_splits_need_a_dividing_count_and_an_fp32_buffer_of_shares():
+    """Checked before anything is launched (so here, without a GPU, too)."""
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+
+    if gluon_reason():
+        pytest.skip(gluon_reason())
+    a, b = torch.empty(64, 768, dtype=torch.float8_e4m3fn), torch.empty(128, 768, dtype=torch.float8_e4m3fn)
+    sa, sb = torch.empty(64, 6), torch.empty(1, 6)
+    with pytest.raises(ValueError, match=r"split_k=4 must divide the 6 K blocks"):
+        launch_gluon(a, sa, b, sb, torch.empty(4, 64, 128), 64, 128, 4, 4, warp_specialize=True, split_k=4)
+    with pytest.raises(ValueError, match=r"its out a contiguous fp32 \[2, 64, 128\]; got \(64, 128\) torch.bfloat16"):
+        launch_gluon(a, sa, b, sb, torch.empty(64, 128, dtype=torch.bfloat16), 64, 128, 4, 4, warp_specialize=True,
+                     split_k=2)
+
+
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
     from triton.runtime.errors import OutOfResources
 
