@@ -7,8 +7,9 @@ and the per-K-block scaling) and the Gluon kernel of :mod:`bringup_kernels.trito
 
 Each candidate runs alone in a child process under ``--limit`` seconds (a launch that never
 returns is reported as such, not waited for): its time at each shape, then its bits on a ragged
-300 x 200 x 384 problem against the engine's Triton kernel (the same tile without
-specialization, or the Triton tiles' default for Gluon) and its error against the reference. The
+300 x 200 x 384 problem (K 384 per share with a K split) against the engine's Triton kernel (the
+same tile without specialization, or the Triton tiles' default for Gluon, with the same K split)
+and its error against the reference. The
 parent times the Triton tiles' default configuration and, where eligible, DeepGEMM on the same
 operands (do_bench, warm L2; CUDA-graph replays at M <= 128, as ``benchmarks.gemm``: there one
 call's host time exceeds its GPU time). Candidates, comma-separated: ``ws:BMxBNxSTAGES`` (4 warps: Triton 3.6 specializes only
@@ -30,6 +31,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from functools import partial
 from typing import Callable
 
@@ -62,9 +64,10 @@ def triton_default_config(m: int, n: int, k: int):
     return gemm.default_config(m, n, k, gemm.num_sms(torch.device("cuda")), tma=True)
 
 
-def candidate(text: str) -> tuple[str, Callable, Callable]:
-    """``(label, run, baseline)`` of one candidate: ``run(a, sa, b, sb)`` and the engine's Triton
-    launch it is compared with bit for bit, both returning a bf16 ``out``."""
+def candidate(text: str) -> tuple[str, Callable, Callable, int]:
+    """``(label, run, baseline, k_split)`` of one candidate: ``run(a, sa, b, sb)`` and the engine's
+    Triton launch it is compared with bit for bit (with the same K split), both returning a bf16
+    ``out``, and the number of K shares (1: none)."""
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import launch_gluon
 
@@ -74,7 +77,7 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
         config = gemm.Config(bm, bn, 1, 4, stages, tma=True, warp_specialize=True)
         plain = gemm.Config(bm, bn, 1, 4, stages, tma=True)
         return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
-                lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain))
+                lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain), 1)
     kind, *extras = kind.split("+")
     splits = [int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)]
     allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
@@ -94,25 +97,29 @@ def candidate(text: str) -> tuple[str, Callable, Callable]:
                                 tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1)
 
         def triton_default(a, sa, b, sb):
-            return gemm.launch(a, sa, b, sb, torch.bfloat16, triton_default_config(a.shape[0], b.shape[0], a.shape[1]))
+            config = triton_default_config(a.shape[0], b.shape[0], a.shape[1])
+            if splits:
+                config = replace(config, split_k=splits[0], persistent=False)
+            return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
 
-        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default
+        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, (splits or [1])[0]
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
                      "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
                      "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
 
 
 def child(text: str, rows: tuple[int, ...]) -> None:
-    """Print, as JSON lines: ms per shape, then the bits check, of candidate ``text``."""
+    """Print, as JSON lines: ms per shape, then the bits check, of candidate ``text`` (on the last
+    shape and a ragged 300 x 200 problem, 3 K blocks per share)."""
     from bringup_kernels.ops.gemm import fp8_block_reference
 
-    _, run, baseline = candidate(text)
+    _, run, baseline, k_split = candidate(text)
     for m, n, k in shapes(rows):
         a, sa, b, sb = operands(m, n, k)
         ms = harness.median_ms(lambda: run(a, sa, b, sb), graph=m <= 128)
         print(json.dumps({"shape": [m, n, k], "ms": ms}), flush=True)
     full, full_ref = run(a, sa, b, sb), baseline(a, sa, b, sb)  # the last shape, every program's tiles
-    a, sa, b, sb = operands(300, 200, 384)
+    a, sa, b, sb = operands(300, 200, 384 * k_split)  # 3 K blocks per share
     out, ref = run(a, sa, b, sb), baseline(a, sa, b, sb)
     exact = fp8_block_reference(a, sa, b, sb, torch.bfloat16).float()
     torch.cuda.synchronize()

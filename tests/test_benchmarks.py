@@ -422,6 +422,22 @@ def test_the_decode_profile_says_whether_the_kernels_ran_as_programmatic_depende
     assert dependent_launch_line(None).startswith("Triton kernels launched as programmatic dependents")
 
 
+def test_a_k_split_candidate_is_checked_against_the_triton_tiles_with_the_same_split(monkeypatch):
+    from benchmarks import gemm_prefill
+    from bringup_kernels.triton import gemm
+
+    launched = []
+    monkeypatch.setattr(gemm, "launch", lambda a, sa, b, sb, dtype, config: launched.append(config))
+    monkeypatch.setattr(gemm_prefill, "triton_default_config",
+                        lambda m, n, k: gemm.Config(128, 128, 1, 8, 4, tma=True, persistent=True))
+    label, run, baseline, k_split = gemm_prefill.candidate("gluon-ws+persistent+split4:128x128x4x8")
+    a, b = torch.empty(300, 1536), torch.empty(200, 1536)
+    run(a, None, b, None)
+    baseline(a, None, b, None)
+    assert k_split == 4 and [(c.split_k, c.gluon, c.persistent) for c in launched] == [(4, True, True), (4, False, False)]
+    assert gemm_prefill.candidate("gluon-ws+persistent+tma-store:128x128x4x8")[3] == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--m", "64,x"], "expected comma-separated row counts (M), got '64,x'"),
     (["--configs", "gluon+two-consumers:128x128x4x4"], "'gluon+two-consumers:128x128x4x4' is not"),
