@@ -79,16 +79,16 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
         return (config.label(), lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, config),
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain), 1)
     kind, *extras = kind.split("+")
-    splits = [int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)]
+    split = next((int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)), 1)
     allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
-    if splits:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
-        allowed = {"persistent", f"split{splits[0]}"} if kind == "gluon-ws" and len(splits) == 1 else set()
+    if split > 1:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
+        allowed = {"persistent", f"split{split}"} if kind == "gluon-ws" else set()
     if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
         bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
 
         def run(a, sa, b, sb):
-            if splits:
-                return gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(bm, bn, splits[0], warps, stages, tma=True,
+            if split > 1:
+                return gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(bm, bn, split, warps, stages, tma=True,
                                                                              persistent="persistent" in extras,
                                                                              gluon=True))
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
@@ -98,11 +98,11 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
 
         def triton_default(a, sa, b, sb):
             config = triton_default_config(a.shape[0], b.shape[0], a.shape[1])
-            if splits:
-                config = replace(config, split_k=splits[0], persistent=False)
+            if split > 1:
+                config = replace(config, split_k=split, persistent=False)
             return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
 
-        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, (splits or [1])[0]
+        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, split
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
                      "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
                      "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")

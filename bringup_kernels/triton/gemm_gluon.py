@@ -50,8 +50,8 @@ BLOCK_K = 128
 # The kernel's registers per thread with a producer partition. Partitions run as warpgroups of 4
 # warps, 12 in all in both layouts (a consumer of 8 warps, or two of 4, and the producer's group),
 # and one program per SM shares 65536 registers: 384 threads fit at 168 (a launch of more is
-# refused). The partitions then re-divide them: the producer drops to its count below, a second
-# consumer rises to its own, and the first consumer gets the rest (232 in both layouts).
+# refused). The partitions then re-divide them with setmaxnreg: the producer drops to its count
+# below, a second consumer rises to its own, and the first consumer gets what is left.
 _WS_MAXNREG = 168
 
 
@@ -64,7 +64,7 @@ if _IMPORT_ERROR is None:
     _BLOCK_K = gl.constexpr(BLOCK_K)
     # Registers per thread of the one-warp producer partition (it holds a few indices).
     _PRODUCER_REGISTERS = gl.constexpr(40)
-    # Registers per thread of the second consumer partition (the first gets what is left: the same).
+    # Registers per thread of the second consumer partition (the first gets what is left).
     _CONSUMER_REGISTERS = gl.constexpr(232)
     _FIRST, _SECOND = gl.constexpr(0), gl.constexpr(1)
 
@@ -309,7 +309,7 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
         c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n],
                                  _shared_layout(block_m // consumers, block_n, out.dtype))
     _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
-                                 b_scale.stride(0), out.stride(-2), m * n if split_k > 1 else 0, K_BLOCKS=k // BLOCK_K,
+                                 b_scale.stride(0), out.stride(-2), out.stride(0) if split_k > 1 else 0, K_BLOCKS=k // BLOCK_K,
                                  GROUP_M=group_m, STAGES=stages, SPLITS=split_k, WS=warp_specialize,
                                  TMA_STORE=tma_store, CONSUMERS=consumers, num_warps=num_warps,
                                  **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
