@@ -78,7 +78,7 @@ def measure(args) -> list[Row]:
         bytes_moved = decode_bytes(batch, heads, context, row_bytes, PAGE)
         flops = decode_flops(batch, heads, context) if heads >= 64 else 0.0
         timed = []
-        for config in decode_candidates(q.dtype, heads)[: None if args.top else 1]:
+        for config in decode_candidates(q.dtype, heads, fp8)[: None if args.top else 1]:
             splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h)
             timed.append(candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops))
         rows += sweep.ranked_rows(timed, args.top, label)

@@ -197,7 +197,7 @@ def test_every_decode_configuration_computes_the_same_attention():
     assert all(c.block_h % 16 == 0 and c.block_n % 16 == 0 for c in candidates)
     args = decode_inputs(12, 3, 40, 32, 16, 30, 8, 7)
     ref = mla_decode_reference(*args)
-    for config in (attn.DecodeConfig(32, 16, 4, 1), attn.DecodeConfig(64, 32, 8, 1)):
+    for config in (attn.DecodeConfig(32, 16, 4, 1), attn.DecodeConfig(64, 32, 8, 1), attn.DecodeConfig(64, 64, 8, 1)):
         for splits in (1, 3):
             out = attn.mla_decode_splits(*args, None, splits, config)
             assert rel_err(out, ref) <= 2e-5, (config, splits)
@@ -224,9 +224,11 @@ def test_fp8_cache_decode_keeps_queries_beyond_fp16s_range():
 
 def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
     """On a GPU, bf16 calls with 64 or more heads run 64 heads per program (each cache row read
-    once per 64 heads); fewer heads, and fp32 at any count, keep 16; the sweep starts from that."""
+    once per 64 heads), 64 cache rows per block (32 with an FP8 cache); fewer heads, and fp32 at
+    any count, keep 16; the sweep starts from that."""
     monkeypatch.setattr(attn, "compiled_for_gpu", lambda: True)
     assert [attn.decode_config(torch.bfloat16, h).block_h for h in (16, 32, 63, 64, 128)] == [16, 16, 16, 64, 64]
+    assert [attn.decode_config(torch.bfloat16, 128, fp8).block_n for fp8 in (False, True)] == [64, 32]  # shared memory
     assert {attn.decode_config(torch.float32, h).block_h for h in (16, 128)} == {16}
     for heads in (16, 128):
         assert attn.decode_candidates(torch.bfloat16, heads)[0] == attn.decode_config(torch.bfloat16, heads)

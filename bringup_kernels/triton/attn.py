@@ -377,7 +377,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tens
                softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`bringup_kernels.ops.attn.mla_decode_reference`: the launch configuration
     of :func:`decode_config`, the split count of :func:`decode_splits` for its heads per program."""
-    config = decode_config(q.dtype, q.shape[1])
+    config = decode_config(q.dtype, q.shape[1], kv_cache.dtype == FP8)
     splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device),
                            config.block_h)
     return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits,
@@ -402,7 +402,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     else:
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
-    config = config or decode_config(q.dtype, heads)
+    config = config or decode_config(q.dtype, heads, fp8)
     grid = (cdiv(heads, config.block_h), splits, batch)
     _decode_kernel[grid](
         q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
@@ -428,29 +428,32 @@ class DecodeConfig:
     num_stages: int
 
 
-def decode_config(dtype: torch.dtype, heads: int) -> DecodeConfig:
+def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> DecodeConfig:
     """The configuration a decode call of ``heads`` query heads uses. Compiled for sm_90 at
     R 512 + 64, from one H200 sweep (``benchmarks.mla_sweep``, 2026-12-02, 32 sequences, 64-slot
     pages): up to 63 heads, 16 heads per program, 32 rows, 4 warps, 2 stages (8192 tokens x 16
     heads: 1.04x 3 stages with a bf16 cache, 1.18x with an FP8 one; 8 warps and 32 heads per
     program slower); from 64 heads, 64 heads per program and 8 warps, 3 stages (4096 tokens x
-    128 heads: 1.49x the 16-head programs, each cache row read twice instead of eight times).
+    128 heads: 1.49x the 16-head programs, each cache row read twice instead of eight times),
+    64 rows with a bf16 cache (2026-12-04: 0.183 against 0.248 ms with 32 rows; 255 registers,
+    217 KiB of shared memory, one program per SM), 32 with an FP8 one (64 need 278 KiB).
     fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
         return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
     if heads >= 64:
-        return DecodeConfig(64, 32, 8, 3)
+        return DecodeConfig(64, 32 if fp8_cache else 64, 8, 3)
     return DecodeConfig(_DECODE_HEADS, 32, 4, 2)
 
 
-def decode_candidates(dtype: torch.dtype, heads: int) -> list[DecodeConfig]:
+def decode_candidates(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> list[DecodeConfig]:
     """:func:`decode_config` first, then the alternatives ``benchmarks.mla_sweep`` times: other
     heads per program (fewer re-reads of each cache row when there are many heads, fuller
     tensor-core tiles), row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
-    default = decode_config(dtype, heads)
+    default = decode_config(dtype, heads, fp8_cache)
     others = [DecodeConfig(h, n, w, st) for h in (16, 32, 64) for n in (16, 32) for w in (4, 8) for st in (2, 3)]
+    others += [DecodeConfig(h, 64, 8, st) for h in (16, 32, 64) for st in (2, 3)]  # 4 warps spill
     return [default] + [c for c in others if c != default]
 
 

@@ -294,8 +294,7 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
     Gluon kernel's 128 x 128 tile, one program per SM, each tile stored by TMA
     (``benchmarks.gemm_prefill``, H200, 2026-12-04: 1.15-1.54x the Triton default and 0.78-0.88x
     DeepGEMM at the four DeepSeek-V3 shapes, the same bits); its one-program-per-tile form is
-    timed second. From 65 rows on, a shape whose 128 x 128 tiles alone fill the SMs defaults to
-    that persistent Gluon kernel too (128 x 24576 x 1536: 1.21x the Triton tiles, same day)."""
+    timed second. From 33 to 256 rows the Gluon tiles of :func:`_small_m_gluon` come first."""
     bucket, k_blocks = m_bucket(m), k // BLOCK
     tiles, default_tma = _tiles(bucket, n, num_sms)
     configs = []
@@ -313,8 +312,31 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
         if bucket > 256 and gluon:  # one program per SM first, then one per tile
             configs[:0] = [Config(128, 128, 1, 8, 4, tma=True, persistent=True, gluon=True),
                            Config(128, 128, 1, 8, 4, tma=True, gluon=True)]
-        elif bucket > 64 and gluon and cdiv(m, 128) * cdiv(n, 128) >= num_sms:  # a wave of tiles without a K split
-            configs.insert(0, Config(128, 128, 1, 8, 4, tma=True, persistent=True, gluon=True))
+        elif bucket > 32 and gluon:
+            configs[:0] = _small_m_gluon(m, n, k_blocks, bucket, num_sms)
+    return configs
+
+
+def _small_m_gluon(m: int, n: int, k_blocks: int, bucket: int, num_sms: int) -> list[Config]:
+    """The Gluon tiles that come first for 33 to 256 rows (one program per work item, at most a
+    wave), in this order: up to 128 rows, 64 x 128 tiles with the K split that fills the SMs,
+    where there is one; from 65 rows, 128 x 128 tiles alone where they fill the SMs, else (up to
+    128 rows) with their K split. None where nothing applies: the Triton tiles stay the default.
+    ``benchmarks.gemm_prefill --m 64,128`` on an H200 (2026-12-04), against DeepGEMM in the same
+    run: 64 x 128 with 2 or 4 splits 1.20, 0.98, 1.10x at 64 rows (the Triton tiles with the same
+    split 1.16, 0.92, 1.05x), 0.97 and 0.93x at 128 x 4096 x 7168 and 128 x 2112 x 7168 (Triton's
+    defaults 0.83, 0.92x); 128 x 128 with 2 splits 1.12x at 128 x 7168 x 16384 (Triton 1.04x);
+    128 x 128 without a split 0.82x at 128 x 24576 x 1536 (the Triton tiles 0.68x)."""
+    gluon = lambda bm, warps, split: Config(bm, 128, split, warps, 4, tma=True, persistent=True, gluon=True)  # noqa: E731
+    configs = []
+    narrow = _split_for(cdiv(m, 64) * cdiv(n, 128), k_blocks, num_sms)
+    if bucket <= 128 and narrow > 1:
+        configs.append(gluon(64, 4, narrow))
+    wide_tiles = cdiv(m, 128) * cdiv(n, 128)
+    if bucket > 64 and wide_tiles >= num_sms:
+        configs.append(gluon(128, 8, 1))
+    elif bucket == 128:
+        configs.append(gluon(128, 8, _split_for(wide_tiles, k_blocks, num_sms)))
     return configs
 
 
