@@ -79,7 +79,8 @@ def measure(args) -> list[Row]:
         flops = decode_flops(batch, heads, context) if heads >= 64 else 0.0
         timed = []
         for config in decode_candidates(q.dtype, heads, fp8)[: None if args.top else 1]:
-            splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h)
+            splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h,
+                                   config.per_sm)
             timed.append(candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops))
         rows += sweep.ranked_rows(timed, args.top, label)
     return rows

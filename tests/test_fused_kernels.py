@@ -184,6 +184,8 @@ def test_decode_split_count_depends_on_shapes_only():
     assert all(1 <= s <= 64 for s in splits)
     assert splits == [attn.decode_splits(*shape) for shape in shapes]  # a function of the shapes alone
     assert max(splits) > 1  # small batches over long contexts do split
+    # one program per SM: half the splits (32 sequences x 2 head blocks of 64: 2 splits fill 132 SMs once)
+    assert (attn.decode_splits(32, 128, 4096, 132, 64, per_sm=1), attn.decode_splits(32, 128, 4096, 132, 64)) == (2, 4)
     for (b, h, _, sms), n in zip(shapes, splits):  # one wave of two programs per SM, unless the batch alone needs more
         programs = b * -(-h // 16)
         assert programs * n <= max(2 * sms, programs)

@@ -365,12 +365,14 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, o_ptr, n_heads, stride_ob, stride_oh
     tl.store(o_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + r, round_to_dtype(out, o_ty).to(o_ty), mask=r < RANK)
 
 
-def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block_h: int = _DECODE_HEADS) -> int:
-    """The fixed split count for a launch shape: as many as keep all programs within two per SM
-    (one wave: a second, partial wave would double the time for a few programs), but no split
-    shorter than ``_MIN_SPLIT_TOKENS`` of the block table's width ``table_tokens``."""
+def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block_h: int = _DECODE_HEADS,
+                  per_sm: int = 2) -> int:
+    """The fixed split count for a launch shape: as many as keep all programs within ``per_sm``
+    per SM (those that fit at once: one wave, as a second, partial wave would double the time for
+    a few programs), but no split shorter than ``_MIN_SPLIT_TOKENS`` of the block table's width
+    ``table_tokens``."""
     programs = max(1, batch * cdiv(heads, block_h))
-    return max(1, min(_MAX_SPLITS, 2 * num_sms // programs, cdiv(table_tokens, _MIN_SPLIT_TOKENS)))
+    return max(1, min(_MAX_SPLITS, per_sm * num_sms // programs, cdiv(table_tokens, _MIN_SPLIT_TOKENS)))
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -379,7 +381,7 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tens
     of :func:`decode_config`, the split count of :func:`decode_splits` for its heads per program."""
     config = decode_config(q.dtype, q.shape[1], kv_cache.dtype == FP8)
     splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device),
-                           config.block_h)
+                           config.block_h, config.per_sm)
     return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits,
                              config)
 
@@ -420,12 +422,15 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
 @dataclass(frozen=True)
 class DecodeConfig:
     """One launch configuration of the decode kernel: heads per program (a multiple of 16, the
-    tensor cores' smallest M), cache rows per block, warps, pipeline stages."""
+    tensor cores' smallest M), cache rows per block, warps, pipeline stages, and how many of its
+    programs an SM holds at once (registers and shared memory allowing; the split count fills
+    that many)."""
 
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
+    per_sm: int = 2
 
 
 def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> DecodeConfig:
@@ -435,15 +440,16 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> De
     heads: 1.04x 3 stages with a bf16 cache, 1.18x with an FP8 one; 8 warps and 32 heads per
     program slower); from 64 heads, 64 heads per program and 8 warps, 3 stages (4096 tokens x
     128 heads: 1.49x the 16-head programs, each cache row read twice instead of eight times),
-    64 rows with a bf16 cache (2026-12-04: 0.183 against 0.248 ms with 32 rows; 255 registers,
-    217 KiB of shared memory, one program per SM), 32 with an FP8 one (64 need 278 KiB).
+    64 rows with a bf16 cache, one program per SM (255 registers x 256 threads, 217 KiB of
+    shared memory) and splits for one wave of them (2026-12-04: 0.172 ms, against 0.183 with the
+    splits of two programs per SM and 0.248 with 32 rows), 32 with an FP8 one (64 need 278 KiB).
     fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
         return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
     if heads >= 64:
-        return DecodeConfig(64, 32 if fp8_cache else 64, 8, 3)
+        return DecodeConfig(64, 32, 8, 3) if fp8_cache else DecodeConfig(64, 64, 8, 3, per_sm=1)
     return DecodeConfig(_DECODE_HEADS, 32, 4, 2)
 
 
@@ -453,7 +459,7 @@ def decode_candidates(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -
     tensor-core tiles), row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
     default = decode_config(dtype, heads, fp8_cache)
     others = [DecodeConfig(h, n, w, st) for h in (16, 32, 64) for n in (16, 32) for w in (4, 8) for st in (2, 3)]
-    others += [DecodeConfig(h, 64, 8, st) for h in (16, 32, 64) for st in (2, 3)]  # 4 warps spill
+    others += [DecodeConfig(h, 64, 8, st, per_sm=1) for h in (16, 32, 64) for st in (2, 3)]  # 4 warps spill
     return [default] + [c for c in others if c != default]
 
 
