@@ -189,6 +189,7 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm import Config, choose_config, launch
 
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "0")  # the defaults (on a GPU the tuner would time the candidates)
     gen = generator(12)
     m, n, k = 300, 200, 384  # M and N tails against 64- and 128-wide tiles
     a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
