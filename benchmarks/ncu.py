@@ -34,6 +34,7 @@ CASES = {
     "kv_store_fp8": ("ops", "kv.store fp8", "65536 tok, 512+64 -> fp8"),
     "mla_decode": ("ops", "mla_decode", "b32 h16 ctx8192 page16 bf16"),
     "mla_decode_fp8": ("ops", "mla_decode fp8 cache", "b32 h16 ctx8192 page16"),
+    "mla_decode_128": ("ops", "mla_decode", "b32 h128 ctx4096 page16 bf16"),
     "gemm_128": ("gemm", "gemm.fp8_block", "128x24576x1536"),
     "gemm_4096": ("gemm", "gemm.fp8_block", "4096x7168x16384"),
 }
