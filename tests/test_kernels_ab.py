@@ -332,7 +332,8 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     wide = gemm.candidates(128, 24576, 1536, 132, tma=True, gluon=True)  # 192 tiles of 128 x 128: a wave
     assert wide[0].gluon and wide[0].persistent and not any(c.gluon for c in wide[1:])
     # 33 to 128 rows: 64 x 128 tiles with the K split that fills the SMs (64 tiles x 2 here), then
-    # 128 x 128 with theirs; none where neither is needed (192 tiles of 64 x 128 at 64 rows)
+    # 128 x 128 with theirs; none where neither is needed (192 tiles of 64 x 128 at 64 rows), nor for
+    # narrow outputs from 65 rows
     narrow, wide_split = gemm.candidates(128, 4096, 7168, 132, tma=True, gluon=True)[:2]
     assert (narrow.block_m, narrow.split_k, wide_split.block_m, wide_split.split_k) == (64, 2, 128, 4)
     assert narrow.gluon and narrow.persistent and wide_split.gluon
@@ -340,6 +341,7 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     assert not any(c.gluon for c in gemm.candidates(64, 24576, 1536, 132, tma=True, gluon=True))
     assert not any(c.gluon for c in gemm.candidates(32, 4096, 7168, 132, tma=True, gluon=True))
     assert not any(c.gluon for c in gemm.candidates(256, 4096, 7168, 132, tma=True, gluon=True))
+    assert not any(c.gluon for c in gemm.candidates(128, 2112, 7168, 132, tma=True, gluon=True))  # narrow output
     gen = generator(14)
     a, sa = act_quant_reference(torch.randn(300, 256, generator=gen).to(DEVICE))
     b, sb = quantize_weight(torch.randn(72, 256, generator=gen).to(DEVICE) * 256 ** -0.5)

@@ -321,12 +321,16 @@ def _small_m_gluon(m: int, n: int, k_blocks: int, bucket: int, num_sms: int) -> 
     """The Gluon tiles that come first for 33 to 256 rows (one program per work item, at most a
     wave), in this order: up to 128 rows, 64 x 128 tiles with the K split that fills the SMs,
     where there is one; from 65 rows, 128 x 128 tiles alone where they fill the SMs, else (up to
-    128 rows) with their K split. None where nothing applies: the Triton tiles stay the default.
+    128 rows) with their K split. None where nothing applies, nor from 65 rows for outputs under
+    32 column blocks (there the Triton 128 x 64 tiles stay the default: 0.92 and 1.11x DeepGEMM at
+    128 x 2112 x 7168 in two runs, the Gluon tiles 0.92-0.93x in three).
     ``benchmarks.gemm_prefill --m 64,128`` on an H200 (2026-12-04), against DeepGEMM in the same
     run: 64 x 128 with 2 or 4 splits 1.20, 0.98, 1.10x at 64 rows (the Triton tiles with the same
-    split 1.16, 0.92, 1.05x), 0.97 and 0.93x at 128 x 4096 x 7168 and 128 x 2112 x 7168 (Triton's
-    defaults 0.83, 0.92x); 128 x 128 with 2 splits 1.12x at 128 x 7168 x 16384 (Triton 1.04x);
-    128 x 128 without a split 0.82x at 128 x 24576 x 1536 (the Triton tiles 0.68x)."""
+    split 1.16, 0.92, 1.05x), 0.97x at 128 x 4096 x 7168 (Triton's default 0.83x); 128 x 128 with
+    2 splits 1.12x at 128 x 7168 x 16384 (Triton 1.04x); 128 x 128 without a split 0.82x at
+    128 x 24576 x 1536 (the Triton tiles 0.68x)."""
+    if bucket > 64 and cdiv(n, 128) < 32:
+        return []
     gluon = lambda bm, warps, split: Config(bm, 128, split, warps, 4, tma=True, persistent=True, gluon=True)  # noqa: E731
     configs = []
     narrow = _split_for(cdiv(m, 64) * cdiv(n, 128), k_blocks, num_sms)
