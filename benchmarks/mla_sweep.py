@@ -4,7 +4,7 @@
 At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 and with an FP8
 cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
 :func:`bringup_kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
-stages) runs with the split count :func:`~bringup_kernels.triton.attn.decode_splits` gives its heads per
+stages; first the Gluon kernel where the call may run it) runs with the split count :func:`~bringup_kernels.triton.attn.decode_splits` gives its heads per
 program, is checked against the reference with the op's tolerance, and is timed (median of
 ``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
 the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
@@ -39,7 +39,8 @@ def candidate_row(label: str, make_args, config, splits: int, reference: torch.T
     from bringup_kernels.triton.attn import mla_decode_splits
 
     (q, cache, tables, lens, scale, rank), kwargs = make_args
-    name = f"mla_decode h{config.block_h} n{config.block_n} w{config.num_warps} s{config.num_stages}"
+    name = f"mla_decode h{config.block_h} n{config.block_n} w{config.num_warps} s{config.num_stages}" + (
+        " gluon" if config.gluon else "")
     try:
         run = lambda: mla_decode_splits(q, cache, tables, lens, scale, rank, kwargs.get("kv_scale"), splits, config)  # noqa: E731
         out = run()
@@ -63,7 +64,7 @@ def candidate_row(label: str, make_args, config, splits: int, reference: torch.T
 def measure(args) -> list[Row]:
     from bringup_kernels import registry
     from bringup_kernels.tolerance import tolerance_for
-    from bringup_kernels.triton.attn import decode_candidates, decode_splits
+    from bringup_kernels.triton.attn import decode_candidates, decode_splits, gluon_decode_usable
     from bringup_kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
@@ -78,7 +79,8 @@ def measure(args) -> list[Row]:
         bytes_moved = decode_bytes(batch, heads, context, row_bytes, PAGE)
         flops = decode_flops(batch, heads, context) if heads >= 64 else 0.0
         timed = []
-        for config in decode_candidates(q.dtype, heads, fp8)[: None if args.top else 1]:
+        gluon = gluon_decode_usable(q, cache, rank)
+        for config in decode_candidates(q.dtype, heads, fp8, gluon)[: None if args.top else 1]:
             splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h,
                                    config.per_sm)
             timed.append(candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops))

@@ -90,6 +90,44 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     assert [r[5] for r in records] == [384, 384, 256, 384]  # a producer partition takes a warpgroup of its own
 
 
+GLUON_DECODE_SCRIPT = """
+import json, torch
+from bringup_kernels.compile_report import compiling_for
+from bringup_kernels.triton.attn_gluon import gluon_reason, launch_decode
+if gluon_reason():
+    print(json.dumps({"skip": gluon_reason()}))
+    raise SystemExit(0)
+batch, heads, pages, page = 32, 128, 2048, 64
+q = torch.empty(batch, heads, 576, dtype=torch.bfloat16)
+cache = torch.empty(pages, page, 576, dtype=torch.bfloat16)
+tables, lens = torch.zeros(batch, 64, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)
+out = torch.empty(batch, heads, 512, dtype=torch.bfloat16)
+with compiling_for(90) as recorder:
+    launch_decode(q, cache, tables, lens, 0.1, 2, out, torch.empty(batch, heads, 2, 512), torch.empty(batch, heads, 2))
+    launch_decode(q, cache.view(-1, 16, 576), tables, lens, 0.1, 1, out, out, out)
+print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.threads, r.shared_bytes, r.error]
+                  for r in recorder.records]))
+"""
+
+
+def test_the_gluon_decode_fits_one_program_per_sm_without_spilling():
+    """The Gluon MLA decode keeps its queries, two buffers of 64 cache rows and the probabilities
+    in shared memory (224 KiB of the 227 a Hopper program may have) and a 64 x 512 fp32
+    accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and 16-slot pages,
+    with and without splits, it must not spill and must fit the register file and shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", GLUON_DECODE_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(done.stdout.splitlines()[-1])
+    if isinstance(records, dict):
+        pytest.skip(records["skip"])
+    assert len(records) == 2, records
+    for kernel, mma, pipelined, spills, registers, threads, shared, error in records:
+        assert (kernel, pipelined, spills, threads, error) == ("_decode_gluon_kernel", "cp.async", 0, 256, ""), records
+        assert mma.startswith("wgmma") and registers * threads <= 65536 and shared <= 227 * 1024, records
+
+
 def test_a_launch_that_overflows_the_register_file_is_an_error():
     from bringup_kernels.compile_report import _register_file_error
 

@@ -236,6 +236,64 @@ def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
         assert attn.decode_candidates(torch.bfloat16, heads)[0] == attn.decode_config(torch.bfloat16, heads)
 
 
+def test_gluon_decode_is_the_default_from_64_heads_where_it_can_run_and_falls_back_when_it_fails(monkeypatch, capsys):
+    """On a Hopper GPU with Gluon, bf16 and fp16 calls of 64 or more heads run the Gluon kernel
+    (never with an FP8 or fp32 cache, nor below 64 heads); should it fail, the call runs on the
+    Triton kernel with the same splits, says so once, and the process offers it no more. Here
+    its launch is made to fail."""
+    monkeypatch.setattr(attn, "compiled_for_gpu", lambda: True)
+    gluon = attn.decode_config(torch.bfloat16, 128, gluon=True)
+    assert gluon.gluon and (gluon.block_h, gluon.block_n, gluon.num_warps, gluon.per_sm) == (64, 64, 8, 1)
+    assert attn.decode_candidates(torch.float16, 64, gluon=True)[0].gluon
+    assert not attn.decode_config(torch.bfloat16, 128, fp8_cache=True, gluon=True).gluon
+    assert not attn.decode_config(torch.bfloat16, 32, gluon=True).gluon
+    assert not attn.decode_config(torch.float32, 128, gluon=True).gluon
+    assert not attn.decode_config(torch.bfloat16, 128).gluon
+    monkeypatch.undo()
+
+    def failing_launch(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(attn, "_GLUON_FAILED", [])
+    monkeypatch.setattr(attn.attn_gluon, "launch_decode", failing_launch)
+    args = decode_inputs(15, 2, 3, 32, 16, 12, 8, 5)
+    ref = mla_decode_reference(*args)
+    for splits in (1, 2):
+        out = attn.mla_decode_splits(*args, None, splits, attn.DecodeConfig(64, 64, 8, 2, per_sm=1, gluon=True))
+        assert rel_err(out, ref) <= 2e-5, splits
+    assert capsys.readouterr().err.count("attn.mla_decode: the Gluon kernel failed here (RuntimeError: "
+                                         "PassManager::run failed); using the Triton kernel") == 1
+    assert not attn.gluon_decode_usable(*args[:2], args[5])  # failed once: not offered again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gluon_decode_matches_the_reference_on_ragged_contexts_and_pages():
+    """The Gluon kernel against the reference at DeepSeek-V3's 512 + 64 channels, bf16: 128 heads
+    (two programs of 64), 96 (a partial one) and 64; 16-, 32- and 64-slot pages (a 64-row block
+    over several pages); contexts of 0, of a block, ragged (mid-block ends) and whole tables;
+    1, 2 and 3 splits; as close to it as the Triton kernel is."""
+    from bringup_kernels.triton import attn_gluon
+
+    if attn_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(attn_gluon.gluon_reason() or "the Gluon decode kernel is written for compute capability 9.x")
+    gen = generator(16)
+    for batch, heads, blocks, page, width in ((4, 128, 300, 16, 64), (3, 96, 48, 64, 12), (2, 64, 4, 64, 1),
+                                              (5, 128, 700, 32, 128)):
+        args = decode_inputs(17, batch, heads, 512, 64, blocks, page, width, dtype=torch.bfloat16)
+        args[3][0] = 0
+        args[3][-1] = width * page
+        assert attn.gluon_decode_usable(*args[:2], 512)
+        ref = mla_decode_reference(*args).float()
+        config = attn.decode_config(torch.bfloat16, heads, gluon=True)
+        for splits in (1, 2, 3):
+            out = attn.mla_decode_splits(*args, None, splits, config).float()
+            triton_out = attn.mla_decode_splits(*args, None, splits, attn.decode_config(torch.bfloat16, heads)).float()
+            error, triton_error = ((o - ref).abs().max().item() for o in (out, triton_out))
+            assert torch.isfinite(out).all() and error <= max(2 * triton_error, 1e-2), (batch, heads, page, splits, error)
+            assert torch.count_nonzero(out[0]) == 0  # an empty context: zeros
+    assert not attn._GLUON_FAILED
+
+
 # ----------------------------------------------------------------------------- kv.store and the FP8 cache
 
 

@@ -40,7 +40,9 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import FP8
-from .common import await_inputs, cdiv, compiled_for_gpu, dot_f32, next_power_of_2, num_sms, round_to_dtype
+from . import attn_gluon
+from .common import (await_inputs, cdiv, compiled_for_gpu, cuda_major, dot_f32, give_up, next_power_of_2, num_sms,
+                     round_to_dtype)
 from .launch import direct
 
 _LOG2E = math.log2(math.e)
@@ -378,8 +380,9 @@ def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`bringup_kernels.ops.attn.mla_decode_reference`: the launch configuration
-    of :func:`decode_config`, the split count of :func:`decode_splits` for its heads per program."""
-    config = decode_config(q.dtype, q.shape[1], kv_cache.dtype == FP8)
+    of :func:`decode_config` (the Gluon kernel where :func:`gluon_decode_usable`), the split count
+    of :func:`decode_splits` for its heads per program."""
+    config = decode_config(q.dtype, q.shape[1], kv_cache.dtype == FP8, gluon_decode_usable(q, kv_cache, kv_lora_rank))
     splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device),
                            config.block_h, config.per_sm)
     return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits,
@@ -393,8 +396,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     :func:`decode_config`)."""
     fp8 = kv_cache.dtype == FP8
     _validate_decode(q, kv_cache, block_tables, context_lens, kv_lora_rank, kv_scale, fp8, splits)
-    batch, heads, width = q.shape
-    rope = width - kv_lora_rank
+    batch, heads, _ = q.shape
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     if batch == 0 or heads == 0:
         return out
@@ -405,18 +407,52 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
     config = config or decode_config(q.dtype, heads, fp8)
-    grid = (cdiv(heads, config.block_h), splits, batch)
-    _decode_kernel[grid](
-        q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
-        softmax_scale * _LOG2E, q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), PAGE=kv_cache.shape[1], RANK=kv_lora_rank, ROPE=rope, BLOCK_R=block_r,
-        BLOCK_D=_pow2_tile(rope), BLOCK_H=config.block_h, BLOCK_N=config.block_n, SPLITS=splits, FP8_CACHE=fp8,
-        COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    if config.gluon and not _GLUON_FAILED:
+        try:
+            attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out, part_o,
+                                     part_lse)
+            config = None
+        except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to Triton
+            give_up(_GLUON_FAILED, exc, "attn.mla_decode", "the Gluon kernel", "the Triton kernel")
+    if config is not None and config.gluon:  # failed here, now or before: the Triton kernel, same splits
+        config = decode_config(q.dtype, heads, fp8)
+    if config is not None:
+        _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, softmax_scale,
+                       kv_lora_rank, splits, config)
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
                                       BLOCK_R=block_r, SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
     return out
+
+
+def _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, softmax_scale: float,
+                   kv_lora_rank: int, splits: int, config: DecodeConfig) -> None:
+    """The Triton decode kernel of ``config`` into ``out`` (one split) or the splits' buffers."""
+    fp8 = kv_cache.dtype == FP8
+    batch, heads, width = q.shape
+    rope = width - kv_lora_rank
+    grid = (cdiv(heads, config.block_h), splits, batch)
+    _decode_kernel[grid](
+        q, kv_cache, kv_scale if fp8 else kv_cache, block_tables, context_lens, out, part_o, part_lse, heads,
+        softmax_scale * _LOG2E, q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
+        out.stride(0), out.stride(1), PAGE=kv_cache.shape[1], RANK=kv_lora_rank, ROPE=rope, BLOCK_R=_pow2_tile(kv_lora_rank),
+        BLOCK_D=_pow2_tile(rope), BLOCK_H=config.block_h, BLOCK_N=config.block_n, SPLITS=splits, FP8_CACHE=fp8,
+        COMPILED=compiled_for_gpu(), num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+# Why the Gluon decode kernel failed to compile or launch in this process (then it is not offered again).
+_GLUON_FAILED: list[str] = []
+
+
+def gluon_decode_usable(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
+    """Whether a call may run the Gluon kernel of :mod:`bringup_kernels.triton.attn_gluon`: a GPU
+    of compute capability 9.x with this Triton's Gluon, a bf16 or fp16 cache in q's dtype, 512
+    latent + 64 rope channels, and it has not failed here."""
+    return (q.is_cuda and compiled_for_gpu() and not _GLUON_FAILED and attn_gluon.gluon_reason() is None
+            and cuda_major(q.device) == 9 and q.dtype in (torch.bfloat16, torch.float16)
+            and kv_cache.dtype == q.dtype and kv_lora_rank == attn_gluon.RANK
+            and q.shape[-1] == attn_gluon.RANK + attn_gluon.ROPE)
 
 
 @dataclass(frozen=True)
@@ -431,9 +467,10 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     per_sm: int = 2
+    gluon: bool = False  # the Gluon kernel (attn_gluon.py: 64 heads, 64 rows, 8 warps, two buffers)
 
 
-def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> DecodeConfig:
+def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon: bool = False) -> DecodeConfig:
     """The configuration a decode call of ``heads`` query heads uses. Compiled for sm_90 at
     R 512 + 64, from one H200 sweep (``benchmarks.mla_sweep``, 2026-12-02, 32 sequences, 64-slot
     pages): up to 63 heads, 16 heads per program, 32 rows, 4 warps, 2 stages (8192 tokens x 16
@@ -443,21 +480,25 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> De
     64 rows with a bf16 cache, one program per SM (255 registers x 256 threads, 217 KiB of
     shared memory) and splits for one wave of them (2026-12-04: 0.172 ms, against 0.183 with the
     splits of two programs per SM and 0.248 with 32 rows), 32 with an FP8 one (64 need 278 KiB).
+    With ``gluon`` (the call may run :mod:`bringup_kernels.triton.attn_gluon`), from 64 heads the
+    Gluon kernel, one program per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04).
     fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
         return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
+    if heads >= 64 and gluon and not fp8_cache:
+        return DecodeConfig(attn_gluon.HEADS, attn_gluon.BLOCK_N, 8, 2, per_sm=1, gluon=True)
     if heads >= 64:
         return DecodeConfig(64, 32, 8, 3) if fp8_cache else DecodeConfig(64, 64, 8, 3, per_sm=1)
     return DecodeConfig(_DECODE_HEADS, 32, 4, 2)
 
 
-def decode_candidates(dtype: torch.dtype, heads: int, fp8_cache: bool = False) -> list[DecodeConfig]:
+def decode_candidates(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon: bool = False) -> list[DecodeConfig]:
     """:func:`decode_config` first, then the alternatives ``benchmarks.mla_sweep`` times: other
     heads per program (fewer re-reads of each cache row when there are many heads, fuller
     tensor-core tiles), row blocks, warps and stages (64-row blocks were slower at 16 heads)."""
-    default = decode_config(dtype, heads, fp8_cache)
+    default = decode_config(dtype, heads, fp8_cache, gluon)
     others = [DecodeConfig(h, n, w, st) for h in (16, 32, 64) for n in (16, 32) for w in (4, 8) for st in (2, 3)]
     others += [DecodeConfig(h, 64, 8, st, per_sm=1) for h in (16, 32, 64) for st in (2, 3)]  # 4 warps spill
     return [default] + [c for c in others if c != default]

@@ -8,6 +8,7 @@ libdevice's ``expf`` (what PyTorch's CUDA kernels call) and divide with IEEE ``d
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import triton
@@ -57,6 +58,19 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_major(device: torch.device) -> int:
+    """The compute capability's major version of a CUDA ``device``, asked once."""
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def give_up(failed: list[str], exc: Exception, op: str, kernel: str, instead: str) -> None:
+    """Record in ``failed`` (a process-wide list that stops ``kernel`` being offered) why it
+    failed for ``op``, and say so on stderr: once, as the process offers it no more."""
+    failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+    print(f"[kernels] {op}: {kernel} failed here ({failed[0]}); using {instead}", file=sys.stderr)
 
 
 @functools.lru_cache(maxsize=4096)

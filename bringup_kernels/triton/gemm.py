@@ -33,7 +33,6 @@ other bit for bit set ``ENGINE_OPS_TUNE=0``.
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, replace
 
 import torch
@@ -49,7 +48,7 @@ except ImportError:  # Triton before 3.4 has no host-side tensor descriptors: no
 
 from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
-from .common import await_inputs, cdiv, compiled_for_gpu, next_power_of_2, num_sms, round_to_dtype
+from .common import await_inputs, cdiv, compiled_for_gpu, cuda_major, give_up, next_power_of_2, num_sms, round_to_dtype
 from .gemm_gluon import gluon_reason, launch_gluon
 from .launch import direct
 from .tuning import time_candidates
@@ -265,7 +264,7 @@ def has_tma(device: torch.device) -> bool:
     if TensorDescriptor is None or _TMA_FAILED:
         return False
     if device.type == "cuda":
-        return _cuda_capability(device) >= 9
+        return cuda_major(device) >= 9
     return interpret_mode()
 
 
@@ -278,12 +277,7 @@ def has_gluon(device: torch.device) -> bool:
     (they are written for Hopper's warpgroup MMA; no interpreter), this Triton's Gluon, and they
     have not failed here."""
     return (device.type == "cuda" and not _GLUON_FAILED and gluon_reason() is None and has_tma(device)
-            and _cuda_capability(device) == 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_capability(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
+            and cuda_major(device) == 9)
 
 
 def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: bool = False) -> list[Config]:
@@ -471,22 +465,15 @@ def fp8_block(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: 
         try:
             return launch(a, a_scale, b, b_scale, out_dtype, config)
         except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to the Triton tiles
-            _give_up(_GLUON_FAILED, exc, "the Gluon tiles", "the Triton tiles")
+            give_up(_GLUON_FAILED, exc, "gemm.fp8_block", "the Gluon tiles", "the Triton tiles")
             config = choose_config(a, a_scale, b, b_scale, out_dtype)
     if config.tma:
         try:
             return launch(a, a_scale, b, b_scale, out_dtype, config)
         except (CompilationError, OutOfResources) as exc:  # this Triton or GPU cannot build the TMA tiles
-            _give_up(_TMA_FAILED, exc, "the TMA tiles", "pointer loads")
+            give_up(_TMA_FAILED, exc, "gemm.fp8_block", "the TMA tiles", "pointer loads")
             config = choose_config(a, a_scale, b, b_scale, out_dtype)
     return launch(a, a_scale, b, b_scale, out_dtype, config)
-
-
-def _give_up(failed: list[str], exc: Exception, tiles: str, instead: str) -> None:
-    """Record in ``failed`` (a process-wide list that stops the tiles being offered) why ``tiles``
-    failed, and say so on stderr: once, as the process offers them no more."""
-    failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-    print(f"[kernels] gemm.fp8_block: {tiles} failed here ({failed[0]}); using {instead}", file=sys.stderr)
 
 
 def _validate(a, a_scale, b, b_scale, out_dtype) -> None:
