@@ -10,13 +10,15 @@ see are processed without masks; only the diagonal blocks mask (causality with a
 prefix: query ``i`` of ``Lq`` sees keys ``0 .. Lk - Lq + i``). A query/key head dim that is not a
 power of two (192 = 128 nope + 64 rope) is handled as two power-of-two tiles.
 
-Decode: one program per (16 heads, split, sequence) reads its split of the sequence's cache
+Decode: one program per (16 or 64 heads, split, sequence) reads its split of the sequence's cache
 rows once for all its heads (MLA is multi-query in latent space) and uses each row both as
 key (all ``R + Dr`` channels) and value (the first ``R``). The split count is fixed per launch
 shape (batch, heads, block-table width, SM count), never by the context lengths, so a captured
 graph stays valid and two runs are bitwise equal; a split's range is its share of the actual
 context, so short contexts do not scan the table's width. A second kernel merges the splits by
-their log-sum-exp, in split order. With an FP8 cache the dots run in fp16 (fp32 for an fp32
+their log-sum-exp, in split order. From 64 heads with a bf16 or fp16 cache on Hopper, the Gluon
+kernel of :mod:`bringup_kernels.triton.attn_gluon` takes the place of the decode kernel (same
+contract, same merge). With an FP8 cache the dots run in fp16 (fp32 for an fp32
 query): e4m3 codes widen to fp16 exactly in one instruction per pair, where widening to bf16
 takes four, one of them on the quarter-rate conversion unit; each query head is scaled by a
 power of two into fp16's range first, and a block's probabilities are taken relative to its
