@@ -70,19 +70,25 @@ print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.t
 """
 
 
+def compiled_records(script: str) -> list:
+    """The records a compile script prints last (JSON), run in a compiled-mode process of its
+    own; the test is skipped when the script says this Triton has no Gluon."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(done.stdout.splitlines()[-1])
+    if isinstance(records, dict):
+        pytest.skip(records["skip"])
+    return records
+
+
 def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     """The Gluon prefill GEMM is fast only if ptxas keeps one warpgroup MMA running while the warps
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
     engine's tile (producer partition, one program per SM, TMA stores), the same with two
     consumer partitions, a tile without a producer, and the engine's tile with K splits."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = json.loads(done.stdout.splitlines()[-1])
-    if isinstance(records, dict):
-        pytest.skip(records["skip"])
+    records = compiled_records(GLUON_SCRIPT)
     assert len(records) == 4, records
     for kernel, mma, pipelined, spills, registers, threads, error in records:
         assert (kernel, mma, pipelined, spills, error) == ("_fp8_gemm_gluon_kernel", "wgmma, async", "TMA", 0, ""), records
@@ -115,13 +121,7 @@ def test_the_gluon_decode_fits_one_program_per_sm_without_spilling():
     in shared memory (224 KiB of the 227 a Hopper program may have) and a 64 x 512 fp32
     accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and 16-slot pages,
     with and without splits, it must not spill and must fit the register file and shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", GLUON_DECODE_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = json.loads(done.stdout.splitlines()[-1])
-    if isinstance(records, dict):
-        pytest.skip(records["skip"])
+    records = compiled_records(GLUON_DECODE_SCRIPT)
     assert len(records) == 2, records
     for kernel, mma, pipelined, spills, registers, threads, shared, error in records:
         assert (kernel, pipelined, spills, threads, error) == ("_decode_gluon_kernel", "cp.async", 0, 256, ""), records
