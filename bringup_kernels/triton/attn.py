@@ -409,18 +409,11 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
     config = config or decode_config(q.dtype, heads, fp8)
-    if config.gluon and not _GLUON_FAILED:
-        try:
-            attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out, part_o,
-                                     part_lse)
-            config = None
-        except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to Triton
-            give_up(_GLUON_FAILED, exc, "attn.mla_decode", "the Gluon kernel", "the Triton kernel")
-    if config is not None and config.gluon:  # failed here, now or before: the Triton kernel, same splits
-        config = decode_config(q.dtype, heads, fp8)
-    if config is not None:
+    if not (config.gluon and _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse, softmax_scale,
+                                           splits)):
+        triton_config = decode_config(q.dtype, heads, fp8) if config.gluon else config  # same splits
         _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, softmax_scale,
-                       kv_lora_rank, splits, config)
+                       kv_lora_rank, splits, triton_config)
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
                                       BLOCK_R=block_r, SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
@@ -445,6 +438,21 @@ def _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_
 
 # Why the Gluon decode kernel failed to compile or launch in this process (then it is not offered again).
 _GLUON_FAILED: list[str] = []
+
+
+def _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse, softmax_scale: float,
+                  splits: int) -> bool:
+    """The Gluon decode kernel into ``out`` or the splits' buffers; False (nothing launched) when
+    it has failed in this process, now or before."""
+    if _GLUON_FAILED:
+        return False
+    try:
+        attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out, part_o,
+                                 part_lse)
+    except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to Triton
+        give_up(_GLUON_FAILED, exc, "attn.mla_decode", "the Gluon kernel", "the Triton kernel")
+        return False
+    return True
 
 
 def gluon_decode_usable(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:

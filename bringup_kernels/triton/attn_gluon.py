@@ -7,8 +7,8 @@ kernel), for a bf16 or fp16 cache of 512 latent + 64 rope channels, scheduled by
 One program of 8 warps (two warp groups) per 64 heads, split and sequence. Its queries stay in
 shared memory; each block of 64 cache rows arrives by ``cp.async`` (rows past the split's end
 read as zeros) into one of two buffers while the block before it is computed. The 64 x 64 score
-tile is split by columns between the warp groups (each computes 32 rows' scores for all 64
-heads), its softmax statistics are combined across them, and the probabilities go through
+tile is split by columns between the warp groups (each scores 32 of the block's cache rows
+against all 64 heads), its softmax statistics are combined across them, and the probabilities go through
 shared memory to the value product, whose 512 output columns are split between the warp groups
 (256 each). The Triton kernel lets the compiler lay out the same loop, which has each warp group
 compute the whole score tile (the value product then takes the probabilities from registers):
