@@ -255,6 +255,7 @@ def test_gluon_decode_is_the_default_from_64_heads_where_it_can_run_and_falls_ba
         raise RuntimeError("PassManager::run failed")
 
     monkeypatch.setattr(attn, "_GLUON_FAILED", [])
+    monkeypatch.setattr(attn, "gluon_decode_usable", lambda *args: not attn._GLUON_FAILED)  # as if on a GPU that can
     monkeypatch.setattr(attn.attn_gluon, "launch_decode", failing_launch)
     args = decode_inputs(15, 2, 3, 32, 16, 12, 8, 5)
     ref = mla_decode_reference(*args)
@@ -276,7 +277,6 @@ def test_gluon_decode_matches_the_reference_on_ragged_contexts_and_pages():
 
     if attn_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(attn_gluon.gluon_reason() or "the Gluon decode kernel is written for compute capability 9.x")
-    gen = generator(16)
     for batch, heads, blocks, page, width in ((4, 128, 300, 16, 64), (3, 96, 48, 64, 12), (2, 64, 4, 64, 1),
                                               (5, 128, 700, 32, 128)):
         args = decode_inputs(17, batch, heads, 512, 64, blocks, page, width, dtype=torch.bfloat16)

@@ -442,9 +442,10 @@ _GLUON_FAILED: list[str] = []
 
 def _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse, softmax_scale: float,
                   splits: int) -> bool:
-    """The Gluon decode kernel into ``out`` or the splits' buffers; False (nothing launched) when
-    it has failed in this process, now or before."""
-    if _GLUON_FAILED:
+    """The Gluon decode kernel into ``out`` or the splits' buffers; False (nothing launched) where
+    the call may not run it (:func:`gluon_decode_usable`: among others, when it has failed in this
+    process, now or before)."""
+    if not gluon_decode_usable(q, kv_cache, out.shape[-1]):
         return False
     try:
         attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out, part_o,

@@ -165,16 +165,14 @@ if _IMPORT_ERROR is None:
 def launch_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   qk_scale_log2: float, splits: int, out: torch.Tensor, part_o: torch.Tensor,
                   part_lse: torch.Tensor) -> None:
-    """Launch the kernel for validated operands (q [B, H, 576] and the cache in one dtype, bf16 or
-    fp16, the rope channels after the 512 latent ones): the output into ``out`` when ``splits``
-    is 1, else each split's normalized output and log2-sum-exp into ``part_o`` [B, H, splits,
-    512] and ``part_lse`` [B, H, splits] for the merge."""
+    """Launch the kernel for validated operands that
+    :func:`bringup_kernels.triton.attn.gluon_decode_usable` accepts (q [B, H, 576] and the cache in
+    one dtype, bf16 or fp16, the rope channels after the 512 latent ones): the output into ``out``
+    when ``splits`` is 1, else each split's normalized output and log2-sum-exp into ``part_o``
+    [B, H, splits, 512] and ``part_lse`` [B, H, splits] for the merge."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"attn.mla_decode: the Gluon kernel needs Triton's Gluon Hopper API ({_IMPORT_ERROR})")
-    batch, heads, width = q.shape
-    if width != RANK + ROPE or q.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype != q.dtype:
-        raise ValueError(f"attn.mla_decode: the Gluon kernel takes bf16 or fp16 q and cache of {RANK} + {ROPE} channels, "
-                         f"got q {q.dtype} {tuple(q.shape)} and a {kv_cache.dtype} cache")
+    batch, heads, _ = q.shape
     grid = (-(-heads // HEADS), splits, batch)
     _decode_gluon_kernel[grid](q, kv_cache, block_tables, context_lens, out, part_o, part_lse, heads, qk_scale_log2,
                                q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
