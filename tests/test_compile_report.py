@@ -99,6 +99,7 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
 GLUON_DECODE_SCRIPT = """
 import json, torch
 from bringup_kernels.compile_report import compiling_for
+from bringup_kernels.triton import attn_gluon_fp8
 from bringup_kernels.triton.attn_gluon import gluon_reason, launch_decode
 if gluon_reason():
     print(json.dumps({"skip": gluon_reason()}))
@@ -111,20 +112,27 @@ out = torch.empty(batch, heads, 512, dtype=torch.bfloat16)
 with compiling_for(90) as recorder:
     launch_decode(q, cache, tables, lens, 0.1, 2, out, torch.empty(batch, heads, 2, 512), torch.empty(batch, heads, 2))
     launch_decode(q, cache.view(-1, 16, 576), tables, lens, 0.1, 1, out, out, out)
+    codes, scale = torch.empty(pages, page, 576, dtype=torch.float8_e4m3fn), torch.empty(pages, page)
+    q, out = q[:, :16], out[:, :16]
+    attn_gluon_fp8.launch_decode(q, codes, scale, tables, lens, 0.1, 4, out, torch.empty(batch, 16, 4, 512),
+                                 torch.empty(batch, 16, 4))
+    attn_gluon_fp8.launch_decode(q, codes.view(-1, 16, 576), scale.view(-1, 16), tables, lens, 0.1, 1, out, out, out)
 print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.threads, r.shared_bytes, r.error]
                   for r in recorder.records]))
 """
 
 
-def test_the_gluon_decode_fits_one_program_per_sm_without_spilling():
-    """The Gluon MLA decode keeps its queries, two buffers of 64 cache rows and the probabilities
-    in shared memory (224 KiB of the 227 a Hopper program may have) and a 64 x 512 fp32
-    accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and 16-slot pages,
-    with and without splits, it must not spill and must fit the register file and shared memory."""
+def test_the_gluon_decodes_fit_one_program_per_sm_without_spilling():
+    """The Gluon MLA decodes keep their queries, two buffers of 64 cache rows (and, over an FP8
+    cache, the rows widened to fp16) and the probabilities in shared memory and a 512-channel
+    fp32 accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and 16-slot
+    pages, with and without splits, neither may spill, and each must fit the register file and
+    the 227 KiB of shared memory a Hopper program may have."""
     records = compiled_records(GLUON_DECODE_SCRIPT)
-    assert len(records) == 2, records
-    for kernel, mma, pipelined, spills, registers, threads, shared, error in records:
-        assert (kernel, pipelined, spills, threads, error) == ("_decode_gluon_kernel", "cp.async", 0, 256, ""), records
+    assert len(records) == 4, records
+    for (kernel, mma, pipelined, spills, registers, threads, shared, error), expected in zip(
+            records, [("_decode_gluon_kernel", 256)] * 2 + [("_decode_fp8_kernel", 128)] * 2):
+        assert (kernel, threads, pipelined, spills, error) == (*expected, "cp.async", 0, ""), records
         assert mma.startswith("wgmma") and registers * threads <= 65536 and shared <= 227 * 1024, records
 
 

@@ -236,35 +236,47 @@ def test_compiled_decode_takes_wider_head_blocks_from_64_heads(monkeypatch):
         assert attn.decode_candidates(torch.bfloat16, heads)[0] == attn.decode_config(torch.bfloat16, heads)
 
 
-def test_gluon_decode_is_the_default_from_64_heads_where_it_can_run_and_falls_back_when_it_fails(monkeypatch, capsys):
-    """On a Hopper GPU with Gluon, bf16 and fp16 calls of 64 or more heads run the Gluon kernel
-    (never with an FP8 or fp32 cache, nor below 64 heads); should it fail, the call runs on the
-    Triton kernel with the same splits, says so once, and the process offers it no more. Here
-    its launch is made to fail."""
+def test_gluon_decodes_are_the_defaults_where_they_can_run_and_fall_back_when_they_fail(monkeypatch, capsys):
+    """On a Hopper GPU with Gluon, bf16 and fp16 calls of 64 or more heads run the Gluon kernel,
+    and calls with an FP8 cache the FP8 one at any head count (never with an fp32 query, nor a
+    bf16 cache below 64 heads); should either fail, the call runs on the Triton
+    kernel with the same splits, says so once, and the process offers neither again. Here their
+    launches are made to fail."""
     monkeypatch.setattr(attn, "compiled_for_gpu", lambda: True)
     gluon = attn.decode_config(torch.bfloat16, 128, gluon=True)
     assert gluon.gluon and (gluon.block_h, gluon.block_n, gluon.num_warps, gluon.per_sm) == (64, 64, 8, 1)
+    fp8 = attn.decode_config(torch.bfloat16, 16, fp8_cache=True, gluon=True)
+    assert fp8.gluon and (fp8.block_h, fp8.block_n, fp8.num_warps, fp8.per_sm) == (16, 64, 4, 1)
     assert attn.decode_candidates(torch.float16, 64, gluon=True)[0].gluon
-    assert not attn.decode_config(torch.bfloat16, 128, fp8_cache=True, gluon=True).gluon
+    assert attn.decode_candidates(torch.float16, 63, fp8_cache=True, gluon=True)[0].gluon
+    assert attn.decode_config(torch.bfloat16, 128, fp8_cache=True, gluon=True) == fp8
     assert not attn.decode_config(torch.bfloat16, 32, gluon=True).gluon
     assert not attn.decode_config(torch.float32, 128, gluon=True).gluon
+    assert not attn.decode_config(torch.float32, 16, fp8_cache=True, gluon=True).gluon
     assert not attn.decode_config(torch.bfloat16, 128).gluon
     monkeypatch.undo()
 
     def failing_launch(*args, **kwargs):
         raise RuntimeError("PassManager::run failed")
 
-    monkeypatch.setattr(attn, "_GLUON_FAILED", [])
     monkeypatch.setattr(attn, "gluon_decode_usable", lambda *args: not attn._GLUON_FAILED)  # as if on a GPU that can
     monkeypatch.setattr(attn.attn_gluon, "launch_decode", failing_launch)
-    args = decode_inputs(15, 2, 3, 32, 16, 12, 8, 5)
-    ref = mla_decode_reference(*args)
-    for splits in (1, 2):
-        out = attn.mla_decode_splits(*args, None, splits, attn.DecodeConfig(64, 64, 8, 2, per_sm=1, gluon=True))
-        assert rel_err(out, ref) <= 2e-5, splits
-    assert capsys.readouterr().err.count("attn.mla_decode: the Gluon kernel failed here (RuntimeError: "
-                                         "PassManager::run failed); using the Triton kernel") == 1
-    assert not attn.gluon_decode_usable(*args[:2], args[5])  # failed once: not offered again
+    monkeypatch.setattr(attn.attn_gluon_fp8, "launch_decode", failing_launch)
+    gen = generator(15)
+    kv_scale = (torch.rand(12, 8, generator=gen) + 0.5).to(DEVICE)
+    for cache, scale, config in ((None, None, attn.DecodeConfig(64, 64, 8, 2, per_sm=1, gluon=True)),
+                                 (FP8, kv_scale, attn.DecodeConfig(16, 64, 4, 2, per_sm=1, gluon=True))):
+        monkeypatch.setattr(attn, "_GLUON_FAILED", [])
+        args = decode_inputs(15, 2, 3, 32, 16, 12, 8, 5, dtype=torch.bfloat16 if cache else torch.float32)
+        if cache:
+            args[1] = args[1].to(cache)
+        ref = mla_decode_reference(*args, scale)
+        for splits in (1, 2):
+            out = attn.mla_decode_splits(*args, scale, splits, config)
+            assert rel_err(out, ref) <= (1e-2 if cache else 2e-5), splits
+        assert capsys.readouterr().err.count("attn.mla_decode: the Gluon kernel failed here (RuntimeError: "
+                                             "PassManager::run failed); using the Triton kernel") == 1
+        assert not attn.gluon_decode_usable(*args[:2], args[5])  # failed once: not offered again
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -289,6 +301,36 @@ def test_gluon_decode_matches_the_reference_on_ragged_contexts_and_pages():
             out = attn.mla_decode_splits(*args, None, splits, config).float()
             triton_out = attn.mla_decode_splits(*args, None, splits, attn.decode_config(torch.bfloat16, heads)).float()
             error, triton_error = ((o - ref).abs().max().item() for o in (out, triton_out))
+            assert torch.isfinite(out).all() and error <= max(2 * triton_error, 1e-2), (batch, heads, page, splits, error)
+            assert torch.count_nonzero(out[0]) == 0  # an empty context: zeros
+    assert not attn._GLUON_FAILED
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gluon_fp8_decode_matches_the_reference_on_ragged_contexts_and_pages():
+    """The FP8-cache Gluon kernel against the reference at 512 + 64 channels, bf16 queries: 16
+    heads, 40 (a partial program), 8 and 128; random row scales; one head scaled past fp16's range;
+    pages, contexts and splits as for the bf16 Gluon kernel; as close to it as the Triton kernel is."""
+    from bringup_kernels.triton import attn_gluon
+
+    if attn_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(attn_gluon.gluon_reason() or "the Gluon decode kernels are written for compute capability 9.x")
+    for batch, heads, blocks, page, width in ((4, 16, 300, 16, 64), (3, 40, 48, 64, 12), (2, 8, 4, 64, 1),
+                                              (5, 16, 700, 32, 128), (2, 128, 100, 16, 50)):
+        args = decode_inputs(19, batch, heads, 512, 64, blocks, page, width, dtype=torch.bfloat16)
+        args[1] = args[1].to(FP8)
+        args[0][:, 0] *= 2.0**20
+        args[3][0] = 0
+        args[3][-1] = width * page
+        scale = (torch.rand(blocks, page, generator=generator(19)) * 0.1 + 0.01).to(DEVICE)
+        assert attn.gluon_decode_usable(*args[:2], 512)
+        ref = mla_decode_reference(*args, scale).float()
+        config = attn.decode_config(torch.bfloat16, heads, True, gluon=True)
+        assert config.gluon
+        for splits in (1, 2, 3):
+            out = attn.mla_decode_splits(*args, scale, splits, config).float()
+            triton_out = attn.mla_decode_splits(*args, scale, splits, attn.decode_config(torch.bfloat16, heads, True))
+            error, triton_error = rel_err(out, ref), rel_err(triton_out, ref)
             assert torch.isfinite(out).all() and error <= max(2 * triton_error, 1e-2), (batch, heads, page, splits, error)
             assert torch.count_nonzero(out[0]) == 0  # an empty context: zeros
     assert not attn._GLUON_FAILED

@@ -16,9 +16,10 @@ key (all ``R + Dr`` channels) and value (the first ``R``). The split count is fi
 shape (batch, heads, block-table width, SM count), never by the context lengths, so a captured
 graph stays valid and two runs are bitwise equal; a split's range is its share of the actual
 context, so short contexts do not scan the table's width. A second kernel merges the splits by
-their log-sum-exp, in split order. From 64 heads with a bf16 or fp16 cache on Hopper, the Gluon
-kernel of :mod:`bringup_kernels.triton.attn_gluon` takes the place of the decode kernel (same
-contract, same merge). With an FP8 cache the dots run in fp16 (fp32 for an fp32
+their log-sum-exp, in split order. On Hopper, Gluon kernels take the place of the decode kernel
+(same contract, same merge): :mod:`bringup_kernels.triton.attn_gluon` from 64 heads with a bf16
+or fp16 cache, :mod:`bringup_kernels.triton.attn_gluon_fp8` with an FP8 cache and a bf16 or
+fp16 query. With an FP8 cache the dots run in fp16 (fp32 for an fp32
 query): e4m3 codes widen to fp16 exactly in one instruction per pair, where widening to bf16
 takes four, one of them on the quarter-rate conversion unit; each query head is scaled by a
 power of two into fp16's range first, and a block's probabilities are taken relative to its
@@ -42,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ..ops.quant import FP8
-from . import attn_gluon
+from . import attn_gluon, attn_gluon_fp8
 from .common import (await_inputs, cdiv, compiled_for_gpu, cuda_major, dot_f32, give_up, next_power_of_2, num_sms,
                      round_to_dtype)
 from .launch import direct
@@ -409,8 +410,8 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         part_o = part_lse = out
     block_r = _pow2_tile(kv_lora_rank)
     config = config or decode_config(q.dtype, heads, fp8)
-    if not (config.gluon and _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse, softmax_scale,
-                                           splits)):
+    if not (config.gluon and _launch_gluon(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse,
+                                           softmax_scale, splits)):
         triton_config = decode_config(q.dtype, heads, fp8) if config.gluon else config  # same splits
         _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, softmax_scale,
                        kv_lora_rank, splits, triton_config)
@@ -436,20 +437,25 @@ def _launch_triton(q, kv_cache, kv_scale, block_tables, context_lens, out, part_
     )
 
 
-# Why the Gluon decode kernel failed to compile or launch in this process (then it is not offered again).
+# Why a Gluon decode kernel failed to compile or launch in this process (then neither is offered again).
 _GLUON_FAILED: list[str] = []
 
 
-def _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse, softmax_scale: float,
+def _launch_gluon(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, softmax_scale: float,
                   splits: int) -> bool:
-    """The Gluon decode kernel into ``out`` or the splits' buffers; False (nothing launched) where
-    the call may not run it (:func:`gluon_decode_usable`: among others, when it has failed in this
-    process, now or before)."""
+    """The Gluon decode kernel for the cache's dtype (:mod:`attn_gluon`, or :mod:`attn_gluon_fp8` for
+    an FP8 cache) into ``out`` or the splits' buffers; False (nothing launched) where the call may
+    not run it (:func:`gluon_decode_usable`: among others, when one has failed in this process,
+    now or before)."""
     if not gluon_decode_usable(q, kv_cache, out.shape[-1]):
         return False
     try:
-        attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out, part_o,
-                                 part_lse)
+        if kv_cache.dtype == FP8:
+            attn_gluon_fp8.launch_decode(q, kv_cache, kv_scale, block_tables, context_lens, softmax_scale * _LOG2E,
+                                         splits, out, part_o, part_lse)
+        else:
+            attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out,
+                                     part_o, part_lse)
     except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to Triton
         give_up(_GLUON_FAILED, exc, "attn.mla_decode", "the Gluon kernel", "the Triton kernel")
         return False
@@ -457,12 +463,13 @@ def _launch_gluon(q, kv_cache, block_tables, context_lens, out, part_o, part_lse
 
 
 def gluon_decode_usable(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int) -> bool:
-    """Whether a call may run the Gluon kernel of :mod:`bringup_kernels.triton.attn_gluon`: a GPU
-    of compute capability 9.x with this Triton's Gluon, a bf16 or fp16 cache in q's dtype, 512
-    latent + 64 rope channels, and it has not failed here."""
+    """Whether a call may run a Gluon decode kernel (:mod:`bringup_kernels.triton.attn_gluon`, or
+    :mod:`bringup_kernels.triton.attn_gluon_fp8` for an FP8 cache): a GPU of compute capability 9.x
+    with this Triton's Gluon, a bf16 or fp16 query, the cache in its dtype or FP8, 512 latent + 64
+    rope channels, and neither kernel has failed here."""
     return (q.is_cuda and compiled_for_gpu() and not _GLUON_FAILED and attn_gluon.gluon_reason() is None
             and cuda_major(q.device) == 9 and q.dtype in (torch.bfloat16, torch.float16)
-            and kv_cache.dtype == q.dtype and kv_lora_rank == attn_gluon.RANK
+            and kv_cache.dtype in (q.dtype, FP8) and kv_lora_rank == attn_gluon.RANK
             and q.shape[-1] == attn_gluon.RANK + attn_gluon.ROPE)
 
 
@@ -478,7 +485,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     per_sm: int = 2
-    gluon: bool = False  # the Gluon kernel (attn_gluon.py: 64 heads, 64 rows, 8 warps, two buffers)
+    gluon: bool = False  # a Gluon kernel: attn_gluon.py (64 heads, 8 warps) or attn_gluon_fp8.py (16, 4); 64 rows
 
 
 def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon: bool = False) -> DecodeConfig:
@@ -491,15 +498,21 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     64 rows with a bf16 cache, one program per SM (255 registers x 256 threads, 217 KiB of
     shared memory) and splits for one wave of them (2026-12-04: 0.172 ms, against 0.183 with the
     splits of two programs per SM and 0.248 with 32 rows), 32 with an FP8 one (64 need 278 KiB).
-    With ``gluon`` (the call may run :mod:`bringup_kernels.triton.attn_gluon`), from 64 heads the
-    Gluon kernel, one program per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04).
-    fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
+    With ``gluon`` (the call may run a Gluon kernel, :func:`gluon_decode_usable`), from 64 heads
+    with a bf16 or fp16 cache the kernel of :mod:`bringup_kernels.triton.attn_gluon`, one program
+    per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04), and with an FP8 cache
+    that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program per
+    SM (2026-12-04, 64-slot pages: 0.110 against 0.157 ms at 8192 tokens x 16 heads, 0.40 against
+    0.53 ms at 4096 x 128 heads). fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the
+    smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
         return DecodeConfig(_DECODE_HEADS, 16, 8, 2)
     if heads >= 64 and gluon and not fp8_cache:
         return DecodeConfig(attn_gluon.HEADS, attn_gluon.BLOCK_N, 8, 2, per_sm=1, gluon=True)
+    if gluon and fp8_cache:
+        return DecodeConfig(attn_gluon_fp8.HEADS, attn_gluon_fp8.BLOCK_N, 4, 2, per_sm=1, gluon=True)
     if heads >= 64:
         return DecodeConfig(64, 32, 8, 3) if fp8_cache else DecodeConfig(64, 64, 8, 3, per_sm=1)
     return DecodeConfig(_DECODE_HEADS, 32, 4, 2)

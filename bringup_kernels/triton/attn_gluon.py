@@ -46,24 +46,34 @@ if _IMPORT_ERROR is None:
     _HEADS, _BLOCK_N, _RANK, _ROPE = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(RANK), gl.constexpr(ROPE)
 
     @gluon.jit
-    def _copy_rows(bufs, stage, cache_ptr, table_row, start, end, stride_page, stride_slot, PAGE: gl.constexpr,
-                   COL0: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
-        """Start copying channels COL0 .. COL0 + COLS - 1 of the sequence's cache rows ``start`` to
-        ``start + BLOCK_N - 1`` (those from ``end`` on as zeros) into ``bufs[stage]``."""
-        pos = start + gl.arange(0, _BLOCK_N, layout=gl.SliceLayout(1, layout))
-        ok = pos < end
-        page = gl.load(table_row + pos // PAGE, mask=ok, other=0).to(gl.int64)
-        row = page * stride_page + (pos % PAGE) * stride_slot
-        cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-        async_copy.async_copy_global_to_shared(bufs.index(stage), cache_ptr + row[:, None] + cols[None, :], ok[:, None])
+    def block_pages(table_row, start, end, PAGE: gl.constexpr, layout: gl.constexpr):
+        """The cache page of each of the sequence's rows ``start`` to ``start + BLOCK_N - 1`` (int64,
+        0 from ``end`` on), in ``layout`` (a block's copies take them; the FP8 kernel loads them a
+        block ahead)."""
+        pos = start + gl.arange(0, _BLOCK_N, layout=layout)
+        return gl.load(table_row + pos // PAGE, mask=pos < end, other=0).to(gl.int64)
 
     @gluon.jit
-    def _load_block(kv_bufs, pe_bufs, cache_ptr, table_row, start, end, stage, stride_page, stride_slot,
-                    PAGE: gl.constexpr, kv_layout: gl.constexpr, pe_layout: gl.constexpr):
+    def _copy_rows(bufs, stage, cache_ptr, pages, start, end, stride_page, stride_slot, PAGE: gl.constexpr,
+                   COL0: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+        """Start copying channels COL0 .. COL0 + COLS - 1 of the sequence's cache rows ``start`` to
+        ``start + BLOCK_N - 1`` (on ``pages``, from :func:`block_pages`; those from ``end`` on as
+        zeros) into ``bufs[stage]``."""
+        pos = start + gl.arange(0, _BLOCK_N, layout=gl.SliceLayout(1, layout))
+        row = pages * stride_page + (pos % PAGE) * stride_slot
+        cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+        async_copy.async_copy_global_to_shared(bufs.index(stage), cache_ptr + row[:, None] + cols[None, :],
+                                               (pos < end)[:, None])
+
+    @gluon.jit
+    def copy_block(kv_bufs, pe_bufs, cache_ptr, kv_pages, pe_pages, start, end, stage, stride_page, stride_slot,
+                   PAGE: gl.constexpr, kv_layout: gl.constexpr, pe_layout: gl.constexpr):
         """One block of cache rows into buffer ``stage``: latent channels to ``kv_bufs``, rope
-        channels to ``pe_bufs``, as one commit group."""
-        _copy_rows(kv_bufs, stage, cache_ptr, table_row, start, end, stride_page, stride_slot, PAGE, 0, _RANK, kv_layout)
-        _copy_rows(pe_bufs, stage, cache_ptr, table_row, start, end, stride_page, stride_slot, PAGE, _RANK, _ROPE,
+        channels to ``pe_bufs`` (their pages in the row layouts of ``kv_layout`` and ``pe_layout``),
+        as one commit group."""
+        _copy_rows(kv_bufs, stage, cache_ptr, kv_pages, start, end, stride_page, stride_slot, PAGE, 0, _RANK,
+                   kv_layout)
+        _copy_rows(pe_bufs, stage, cache_ptr, pe_pages, start, end, stride_page, stride_slot, PAGE, _RANK, _ROPE,
                    pe_layout)
         async_copy.commit_group()
 
@@ -104,9 +114,12 @@ if _IMPORT_ERROR is None:
         kv_bufs = gl.allocate_shared_memory(dtype, [2, _BLOCK_N, _RANK], swizzled)
         pe_bufs = gl.allocate_shared_memory(dtype, [2, _BLOCK_N, _ROPE], swizzled)
         p_smem = gl.allocate_shared_memory(dtype, [_HEADS, _BLOCK_N], swizzled)
+        kv_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
+        pe_rows: gl.constexpr = gl.SliceLayout(1, pe_layout)
         if start < end:
-            _load_block(kv_bufs, pe_bufs, cache_ptr, table_row, start, end, 0, stride_page, stride_slot, PAGE,
-                        kv_layout, pe_layout)
+            copy_block(kv_bufs, pe_bufs, cache_ptr, block_pages(table_row, start, end, PAGE, kv_rows),
+                       block_pages(table_row, start, end, PAGE, pe_rows), start, end, 0, stride_page, stride_slot,
+                       PAGE, kv_layout, pe_layout)
         _store_query(q_smem, q_ptr, seq, stride_qb, heads0, n_heads, stride_qh, 0, _RANK, kv_layout)
         _store_query(qpe_smem, q_ptr, seq, stride_qb, heads0, n_heads, stride_qh, _RANK, _ROPE, pe_layout)
 
@@ -118,8 +131,9 @@ if _IMPORT_ERROR is None:
             stage = it % 2
             gl.thread_barrier()  # both warp groups are done with the other buffer (the last block)
             if n + _BLOCK_N < end:
-                _load_block(kv_bufs, pe_bufs, cache_ptr, table_row, n + _BLOCK_N, end, 1 - stage, stride_page,
-                            stride_slot, PAGE, kv_layout, pe_layout)
+                copy_block(kv_bufs, pe_bufs, cache_ptr, block_pages(table_row, n + _BLOCK_N, end, PAGE, kv_rows),
+                           block_pages(table_row, n + _BLOCK_N, end, PAGE, pe_rows), n + _BLOCK_N, end, 1 - stage,
+                           stride_page, stride_slot, PAGE, kv_layout, pe_layout)
                 async_copy.wait_group(1)
             else:
                 async_copy.wait_group(0)
