@@ -5,7 +5,7 @@ At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 
 cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
 :func:`bringup_kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
 stages; first the Gluon kernel where the call may run it) runs with the split count
-:func:`~bringup_kernels.triton.attn.decode_splits` gives its heads per program, is checked against the reference with the op's tolerance, and is timed (median of
+its own split count (``DecodeConfig.splits_for``), is checked against the reference with the op's tolerance, and is timed (median of
 ``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
 the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
 shared memory) is a row with the reason.
@@ -64,7 +64,7 @@ def candidate_row(label: str, make_args, config, splits: int, reference: torch.T
 def measure(args) -> list[Row]:
     from bringup_kernels import registry
     from bringup_kernels.tolerance import tolerance_for
-    from bringup_kernels.triton.attn import decode_candidates, decode_splits, gluon_decode_usable
+    from bringup_kernels.triton.attn import decode_candidates, gluon_decode_usable
     from bringup_kernels.triton.common import num_sms
 
     op = registry.get("attn.mla_decode")
@@ -81,8 +81,7 @@ def measure(args) -> list[Row]:
         timed = []
         gluon = gluon_decode_usable(q, cache, rank)
         for config in decode_candidates(q.dtype, heads, fp8, gluon)[: None if args.top else 1]:
-            splits = decode_splits(batch, heads, tables.shape[1] * PAGE, num_sms(q.device), config.block_h,
-                                   config.per_sm)
+            splits = config.splits_for(batch, heads, tables.shape[1] * PAGE, num_sms(q.device))
             timed.append(candidate_row(label, make_args, config, splits, reference, tolerance, bytes_moved, flops))
         rows += sweep.ranked_rows(timed, args.top, label)
     return rows

@@ -246,7 +246,8 @@ def test_gluon_decodes_are_the_defaults_where_they_can_run_and_fall_back_when_th
     gluon = attn.decode_config(torch.bfloat16, 128, gluon=True)
     assert gluon.gluon and (gluon.block_h, gluon.block_n, gluon.num_warps, gluon.per_sm) == (64, 64, 8, 1)
     fp8 = attn.decode_config(torch.bfloat16, 16, fp8_cache=True, gluon=True)
-    assert fp8.gluon and (fp8.block_h, fp8.block_n, fp8.num_warps, fp8.per_sm) == (16, 64, 4, 1)
+    assert fp8.gluon and (fp8.block_h, fp8.block_n, fp8.num_warps, fp8.per_sm, fp8.parts) == (16, 64, 8, 1, 2)
+    assert fp8.splits_for(32, 16, 8192, 132) == 2 * attn.decode_splits(32, 16, 8192, 132, 16, 1)  # 2 partials each
     assert attn.decode_candidates(torch.float16, 64, gluon=True)[0].gluon
     assert attn.decode_candidates(torch.float16, 63, fp8_cache=True, gluon=True)[0].gluon
     assert attn.decode_config(torch.bfloat16, 128, fp8_cache=True, gluon=True) == fp8
@@ -265,7 +266,7 @@ def test_gluon_decodes_are_the_defaults_where_they_can_run_and_fall_back_when_th
     gen = generator(15)
     kv_scale = (torch.rand(12, 8, generator=gen) + 0.5).to(DEVICE)
     for cache, scale, config in ((None, None, attn.DecodeConfig(64, 64, 8, 2, per_sm=1, gluon=True)),
-                                 (FP8, kv_scale, attn.DecodeConfig(16, 64, 4, 2, per_sm=1, gluon=True))):
+                                 (FP8, kv_scale, attn.DecodeConfig(16, 64, 8, 1, per_sm=1, gluon=True, parts=2))):
         monkeypatch.setattr(attn, "_GLUON_FAILED", [])
         args = decode_inputs(15, 2, 3, 32, 16, 12, 8, 5, dtype=torch.bfloat16 if cache else torch.float32)
         if cache:
@@ -307,14 +308,19 @@ def test_gluon_decode_matches_the_reference_on_ragged_contexts_and_pages():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gluon_fp8_decode_matches_the_reference_on_ragged_contexts_and_pages():
+def test_gluon_fp8_decode_matches_the_reference_on_ragged_contexts_and_pages(monkeypatch):
     """The FP8-cache Gluon kernel against the reference at 512 + 64 channels, bf16 queries: 16
     heads, 40 (a partial program), 8 and 128; random row scales; one head scaled past fp16's range;
-    pages, contexts and splits as for the bf16 Gluon kernel; as close to it as the Triton kernel is."""
+    16-, 32- and 64-slot pages; contexts of 0, ragged and whole tables; 2, 4 and 6 partials (1, 2
+    and 3 programs of two partitions); as close to it as the Triton kernel is. An odd split count
+    runs the Triton kernel."""
     from bringup_kernels.triton import attn_gluon
 
     if attn_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(attn_gluon.gluon_reason() or "the Gluon decode kernels are written for compute capability 9.x")
+    launches = []
+    launch = attn.attn_gluon_fp8.launch_decode
+    monkeypatch.setattr(attn.attn_gluon_fp8, "launch_decode", lambda *a, **k: launches.append(a[6]) or launch(*a, **k))
     for batch, heads, blocks, page, width in ((4, 16, 300, 16, 64), (3, 40, 48, 64, 12), (2, 8, 4, 64, 1),
                                               (5, 16, 700, 32, 128), (2, 128, 100, 16, 50)):
         args = decode_inputs(19, batch, heads, 512, 64, blocks, page, width, dtype=torch.bfloat16)
@@ -327,12 +333,13 @@ def test_gluon_fp8_decode_matches_the_reference_on_ragged_contexts_and_pages():
         ref = mla_decode_reference(*args, scale).float()
         config = attn.decode_config(torch.bfloat16, heads, True, gluon=True)
         assert config.gluon
-        for splits in (1, 2, 3):
+        for splits in (2, 4, 6, 3):
             out = attn.mla_decode_splits(*args, scale, splits, config).float()
             triton_out = attn.mla_decode_splits(*args, scale, splits, attn.decode_config(torch.bfloat16, heads, True))
             error, triton_error = rel_err(out, ref), rel_err(triton_out, ref)
             assert torch.isfinite(out).all() and error <= max(2 * triton_error, 1e-2), (batch, heads, page, splits, error)
             assert torch.count_nonzero(out[0]) == 0  # an empty context: zeros
+        assert launches[-3:] == [2, 4, 6]  # each even count ran the Gluon kernel, the odd one not
     assert not attn._GLUON_FAILED
 
 

@@ -383,11 +383,10 @@ def decode_splits(batch: int, heads: int, table_tokens: int, num_sms: int, block
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                softmax_scale: float, kv_lora_rank: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`bringup_kernels.ops.attn.mla_decode_reference`: the launch configuration
-    of :func:`decode_config` (the Gluon kernel where :func:`gluon_decode_usable`), the split count
-    of :func:`decode_splits` for its heads per program."""
+    of :func:`decode_config` (a Gluon kernel where :func:`gluon_decode_usable`) and its split count
+    (:meth:`DecodeConfig.splits_for`)."""
     config = decode_config(q.dtype, q.shape[1], kv_cache.dtype == FP8, gluon_decode_usable(q, kv_cache, kv_lora_rank))
-    splits = decode_splits(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device),
-                           config.block_h, config.per_sm)
+    splits = config.splits_for(q.shape[0], q.shape[1], block_tables.shape[1] * kv_cache.shape[1], num_sms(q.device))
     return mla_decode_splits(q, kv_cache, block_tables, context_lens, softmax_scale, kv_lora_rank, kv_scale, splits,
                              config)
 
@@ -446,13 +445,15 @@ def _launch_gluon(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o
     """The Gluon decode kernel for the cache's dtype (:mod:`attn_gluon`, or :mod:`attn_gluon_fp8` for
     an FP8 cache) into ``out`` or the splits' buffers; False (nothing launched) where the call may
     not run it (:func:`gluon_decode_usable`: among others, when one has failed in this process,
-    now or before)."""
-    if not gluon_decode_usable(q, kv_cache, out.shape[-1]):
+    now or before; with an FP8 cache, a split count that is not a multiple of its partials per
+    program)."""
+    fp8_parts = kv_cache.dtype == FP8 and splits % attn_gluon_fp8.PARTS
+    if fp8_parts or not gluon_decode_usable(q, kv_cache, out.shape[-1]):
         return False
     try:
         if kv_cache.dtype == FP8:
             attn_gluon_fp8.launch_decode(q, kv_cache, kv_scale, block_tables, context_lens, softmax_scale * _LOG2E,
-                                         splits, out, part_o, part_lse)
+                                         splits, part_o, part_lse)
         else:
             attn_gluon.launch_decode(q, kv_cache, block_tables, context_lens, softmax_scale * _LOG2E, splits, out,
                                      part_o, part_lse)
@@ -485,7 +486,13 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     per_sm: int = 2
-    gluon: bool = False  # a Gluon kernel: attn_gluon.py (64 heads, 8 warps) or attn_gluon_fp8.py (16, 4); 64 rows
+    gluon: bool = False  # a Gluon kernel: attn_gluon.py (64 heads, 8 warps) or attn_gluon_fp8.py (16, 2 x 4); 64 rows
+    parts: int = 1  # partials each program writes (its splits)
+
+    def splits_for(self, batch: int, heads: int, table_tokens: int, num_sms: int) -> int:
+        """The split count (partials) of a launch shape: :func:`decode_splits` programs per head
+        group and sequence, ``parts`` partials each."""
+        return decode_splits(batch, heads, table_tokens, num_sms, self.block_h, self.per_sm) * self.parts
 
 
 def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon: bool = False) -> DecodeConfig:
@@ -501,9 +508,9 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     With ``gluon`` (the call may run a Gluon kernel, :func:`gluon_decode_usable`), from 64 heads
     with a bf16 or fp16 cache the kernel of :mod:`bringup_kernels.triton.attn_gluon`, one program
     per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04), and with an FP8 cache
-    that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program per
-    SM (2026-12-04, 64-slot pages: 0.110 against 0.157 ms at 8192 tokens x 16 heads, 0.40 against
-    0.53 ms at 4096 x 128 heads). fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the
+    that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program of two
+    partitions per SM (2026-12-04: 0.091 against 0.157 ms at 8192 tokens x 16 heads; its one-warp-
+    group form 0.110 ms, and 0.40 against 0.53 ms at 4096 x 128 heads). fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the
     smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
@@ -512,7 +519,8 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     if heads >= 64 and gluon and not fp8_cache:
         return DecodeConfig(attn_gluon.HEADS, attn_gluon.BLOCK_N, 8, 2, per_sm=1, gluon=True)
     if gluon and fp8_cache:
-        return DecodeConfig(attn_gluon_fp8.HEADS, attn_gluon_fp8.BLOCK_N, 4, 2, per_sm=1, gluon=True)
+        return DecodeConfig(attn_gluon_fp8.HEADS, attn_gluon_fp8.BLOCK_N, 8, 1, per_sm=1, gluon=True,
+                            parts=attn_gluon_fp8.PARTS)
     if heads >= 64:
         return DecodeConfig(64, 32, 8, 3) if fp8_cache else DecodeConfig(64, 64, 8, 3, per_sm=1)
     return DecodeConfig(_DECODE_HEADS, 32, 4, 2)

@@ -47,11 +47,11 @@ if _IMPORT_ERROR is None:
 
     @gluon.jit
     def block_pages(table_row, start, end, PAGE: gl.constexpr, layout: gl.constexpr):
-        """The cache page of each of the sequence's rows ``start`` to ``start + BLOCK_N - 1`` (int64,
-        0 from ``end`` on), in ``layout`` (a block's copies take them; the FP8 kernel loads them a
-        block ahead)."""
+        """The cache page of each of the sequence's rows ``start`` to ``start + BLOCK_N - 1`` (0 from
+        ``end`` on), in ``layout`` (a block's copies take them; the FP8 kernel loads them a block
+        ahead)."""
         pos = start + gl.arange(0, _BLOCK_N, layout=layout)
-        return gl.load(table_row + pos // PAGE, mask=pos < end, other=0).to(gl.int64)
+        return gl.load(table_row + pos // PAGE, mask=pos < end, other=0)
 
     @gluon.jit
     def _copy_rows(bufs, stage, cache_ptr, pages, start, end, stride_page, stride_slot, PAGE: gl.constexpr,
@@ -60,7 +60,7 @@ if _IMPORT_ERROR is None:
         ``start + BLOCK_N - 1`` (on ``pages``, from :func:`block_pages`; those from ``end`` on as
         zeros) into ``bufs[stage]``."""
         pos = start + gl.arange(0, _BLOCK_N, layout=gl.SliceLayout(1, layout))
-        row = pages * stride_page + (pos % PAGE) * stride_slot
+        row = pages.to(gl.int64) * stride_page + (pos % PAGE) * stride_slot
         cols = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
         async_copy.async_copy_global_to_shared(bufs.index(stage), cache_ptr + row[:, None] + cols[None, :],
                                                (pos < end)[:, None])

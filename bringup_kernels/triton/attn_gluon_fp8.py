@@ -5,13 +5,19 @@ range, the dots in fp16, each row's scale multiplying its score, a block's proba
 relative to its largest row scale, which becomes the accumulator's unit), for a bf16 or fp16
 query, scheduled by hand.
 
-One program of one warp group per 16 heads, split and sequence. The cache rows are the warpgroup
-MMA's rows (64 per block, its smallest M; the 16 heads its N): scores^T [64, 16] = codes @ q^T and
-out^T [512, 16] += codes^T @ p^T. Each block's codes arrive by ``cp.async`` into one of two
-buffers while the block before it is computed (their pages, and the row scales, are loaded a
-block ahead), and are widened to fp16 once, into the one tile both products read. The Triton
-kernel reads the codes twice (once transposed for the score dot), widens them in registers and
-keeps the heads as the MMA's rows.
+One program per 16 heads, split and sequence, of two warp-group partitions that share the
+query's tiles and take every other 64-row block of the split's range, each with its own code
+buffer, fp16 tile and softmax state, its result one partial of the merge (so a launch of S
+programs per head group and sequence writes 2S partials). In each, the cache rows are the
+warpgroup MMA's rows (64 per block, its smallest M; the 16 heads its N): scores^T [64, 16] =
+codes @ q^T and out^T [512, 16] += codes^T @ p^T. A block's latent codes arrive by ``cp.async``
+(their pages, and the row scales, loaded a block ahead) and are widened to fp16 once, into the
+tile both products read; its rope codes are widened in registers, the score MMA's A operand;
+the buffer then takes the partition's next block, which arrives while this one is computed
+(and while the other partition computes). The shared memory (223 KiB) holds one program per
+SM; the two partitions keep its tensor cores and copies busy in turn, which one warp group
+alone did not (1.2x). The Triton kernel reads the codes twice (once transposed for the score
+dot), widens them in registers and keeps the heads as the MMA's rows.
 
 Needs Triton's Gluon with its Hopper module (:func:`attn_gluon.gluon_reason`) and a GPU of
 compute capability 9.x; no interpreter.
@@ -33,16 +39,18 @@ if attn_gluon.gluon_reason() is None:
 
 HEADS = 16  # per program: the warpgroup MMA's N
 BLOCK_N = attn_gluon.BLOCK_N  # cache rows per block: the MMA's M
+PARTS = 2  # partials per program: one per warp-group partition
+_WORKER_REGISTERS = 232  # the second partition's registers (setmaxnreg); the first keeps the rest
 
 if attn_gluon.gluon_reason() is None:
-    _HEADS, _BLOCK_N = gl.constexpr(HEADS), gl.constexpr(BLOCK_N)
+    _HEADS, _BLOCK_N, _PARTS = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(PARTS)
     _RANK, _ROPE = gl.constexpr(attn_gluon.RANK), gl.constexpr(attn_gluon.ROPE)
 
     @gluon.jit
     def _row_scales(scale_ptr, pages, start, end, PAGE: gl.constexpr, layout: gl.constexpr):
         """The fp32 scale of each of the rows ``start`` to ``start + BLOCK_N - 1`` (0 from ``end`` on)."""
         pos = start + gl.arange(0, _BLOCK_N, layout=layout)
-        return gl.load(scale_ptr + pages * PAGE + pos % PAGE, mask=pos < end, other=0.0)
+        return gl.load(scale_ptr + pages.to(gl.int64) * PAGE + pos % PAGE, mask=pos < end, other=0.0)
 
     @gluon.jit
     def _query_fp16(q_smem, qpe_smem, q_ptr, seq, stride_qb, stride_qh, heads0, n_heads, layout: gl.constexpr):
@@ -64,75 +72,58 @@ if attn_gluon.gluon_reason() is None:
         return ((127 + shift) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _decode_fp8_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                           n_heads, qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob,
-                           stride_oh, PAGE: gl.constexpr, SPLITS: gl.constexpr):
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, _HEADS, 16])
-        kv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16 codes: 16-byte copies
-        pe_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-        codes_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+    def _partition(q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16, p_smem, cache_ptr, scale_ptr,
+                   tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb,
+                   PAGE: gl.constexpr, SPLITS: gl.constexpr, PART: gl.constexpr, mma: gl.constexpr,
+                   kv_layout: gl.constexpr, pe_layout: gl.constexpr):
+        """Partition PART's blocks of this program's range (the PART-th of every pair; their codes
+        in ``kv_codes[PART]`` and ``pe_codes[PART]``), its normalized output and log2-sum-exp into
+        partial ``PARTS * split + PART`` of SPLITS."""
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         heads_of: gl.constexpr = gl.SliceLayout(0, mma)
-
-        heads0 = gl.program_id(0) * _HEADS
+        pe_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        kv_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
+        pe_rows: gl.constexpr = gl.SliceLayout(1, pe_layout)
+        STRIDE: gl.constexpr = _PARTS * _BLOCK_N
         split = gl.program_id(1)
         seq = gl.program_id(2)
         ctx = gl.load(lens_ptr + seq)
-        per_split = gl.cdiv(gl.cdiv(ctx, SPLITS), _BLOCK_N) * _BLOCK_N
-        start = split * per_split
-        end = gl.minimum(start + per_split, ctx)
+        per_split = gl.cdiv(gl.cdiv(ctx, SPLITS // _PARTS), STRIDE) * STRIDE
+        first = split * per_split + PART * _BLOCK_N
+        end = gl.minimum(split * per_split + per_split, ctx)
         table_row = tables_ptr + seq.to(gl.int64) * stride_tb
-
-        kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [2, _BLOCK_N, _RANK], codes_smem)
-        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [2, _BLOCK_N, _ROPE], codes_smem)
-        kv16 = gl.allocate_shared_memory(gl.float16, [_BLOCK_N, _RANK], swizzled)
-        pe16 = gl.allocate_shared_memory(gl.float16, [_BLOCK_N, _ROPE], swizzled)
-        q_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _RANK], swizzled)
-        qpe_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _ROPE], swizzled)
-        p_smem = gl.allocate_shared_memory(gl.float16, [_BLOCK_N, _HEADS], p_layout)
-        kv_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
-        pe_rows: gl.constexpr = gl.SliceLayout(1, pe_layout)
-        if start < end:
-            copy_block(kv_codes, pe_codes, cache_ptr, block_pages(table_row, start, end, PAGE, kv_rows),
-                       block_pages(table_row, start, end, PAGE, pe_rows), start, end, 0, stride_page, stride_slot,
+        if first < end:
+            copy_block(kv_codes, pe_codes, cache_ptr, block_pages(table_row, first, end, PAGE, kv_rows),
+                       block_pages(table_row, first, end, PAGE, pe_rows), first, end, PART, stride_page, stride_slot,
                        PAGE, kv_layout, pe_layout)
-        row_scale = _row_scales(scale_ptr, block_pages(table_row, start, end, PAGE, rows), start, end, PAGE, rows)
-        kv_pages = block_pages(table_row, start + _BLOCK_N, end, PAGE, kv_rows)
-        pe_pages = block_pages(table_row, start + _BLOCK_N, end, PAGE, pe_rows)
-        scale_pages = block_pages(table_row, start + _BLOCK_N, end, PAGE, rows)
-        q_up = _query_fp16(q_smem, qpe_smem, q_ptr, seq, stride_qb, stride_qh, heads0, n_heads, q_layout)
-        head_qk = gl.convert_layout(qk_scale * q_up, heads_of)
+        row_scale = _row_scales(scale_ptr, block_pages(table_row, first, end, PAGE, rows), first, end, PAGE, rows)
+        kv_pages = block_pages(table_row, first + STRIDE, end, PAGE, kv_rows)
+        pe_pages = block_pages(table_row, first + STRIDE, end, PAGE, pe_rows)
+        scale_pages = block_pages(table_row, first + STRIDE, end, PAGE, rows)
+        head_qk = head_qk_smem.load(heads_of)
 
         acc = gl.zeros([_RANK, _HEADS], gl.float32, layout=mma)
         m_i = gl.full([_HEADS], float("-inf"), gl.float32, layout=heads_of)
         l_i = gl.zeros([_HEADS], gl.float32, layout=heads_of)
         unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of)
-        it = 0
-        for n in range(start, end, _BLOCK_N):
-            stage = it % 2
-            gl.thread_barrier()  # the last block's products are done with kv16, pe16, p_smem and the other buffer
-            if n + _BLOCK_N < end:
-                copy_block(kv_codes, pe_codes, cache_ptr, kv_pages, pe_pages, n + _BLOCK_N, end, 1 - stage,
-                            stride_page, stride_slot, PAGE, kv_layout, pe_layout)
-                async_copy.wait_group(1)
-            else:
-                async_copy.wait_group(0)
-            next_scale = _row_scales(scale_ptr, scale_pages, n + _BLOCK_N, end, PAGE, rows)
-            kv_pages = block_pages(table_row, n + 2 * _BLOCK_N, end, PAGE, kv_rows)  # for the next block's copies
-            pe_pages = block_pages(table_row, n + 2 * _BLOCK_N, end, PAGE, pe_rows)
-            scale_pages = block_pages(table_row, n + 2 * _BLOCK_N, end, PAGE, rows)
-            gl.thread_barrier()  # every thread's copies of this block have landed
-            kv16.store(kv_codes.index(stage).load(kv_layout).to(gl.float16))  # e4m3 -> fp16 is exact
-            pe16.store(pe_codes.index(stage).load(pe_layout).to(gl.float16))
+        for n in range(first, end, STRIDE):
+            async_copy.wait_group(0)
+            gl.thread_barrier()  # every thread's copies of this block have landed, the last products are done
+            kv16.store(kv_codes.index(PART).load(kv_layout).to(gl.float16))  # e4m3 -> fp16 is exact
+            pe = pe_codes.index(PART).load(pe_operand).to(gl.float16)
+            gl.thread_barrier()  # the codes are read: the buffer takes the next block
+            later = n + STRIDE
+            if later < end:
+                copy_block(kv_codes, pe_codes, cache_ptr, kv_pages, pe_pages, later, end, PART, stride_page,
+                           stride_slot, PAGE, kv_layout, pe_layout)
+            next_scale = _row_scales(scale_ptr, scale_pages, later, end, PAGE, rows)
+            kv_pages = block_pages(table_row, later + STRIDE, end, PAGE, kv_rows)  # for the next block's copies
+            pe_pages = block_pages(table_row, later + STRIDE, end, PAGE, pe_rows)
+            scale_pages = block_pages(table_row, later + STRIDE, end, PAGE, rows)
             fence_async_shared()
-            gl.thread_barrier()
             s = warpgroup_mma(kv16, q_smem.permute((1, 0)), gl.zeros([_BLOCK_N, _HEADS], gl.float32, layout=mma),
                               use_acc=False, is_async=True)
-            s = warpgroup_mma(pe16, qpe_smem.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(pe, qpe_smem.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             visible = (n + gl.arange(0, _BLOCK_N, layout=rows)) < end
             s = gl.where(visible[:, None], s * row_scale[:, None] * head_qk[None, :], float("-inf"))
@@ -150,37 +141,70 @@ if attn_gluon.gluon_reason() is None:
             acc = warpgroup_mma(kv16.permute((1, 0)), p_smem, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             row_scale = next_scale
-            it += 1
 
-        # An empty split (or a context of 0) has l = 0: output 0 and log-sum-exp -inf.
-        out = acc * (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
-        heads = heads0 + gl.arange(0, _HEADS, layout=heads_of)
-        cols = gl.arange(0, _RANK, layout=rows)
+        # No block (an empty range, or a context of 0) leaves l = 0: output 0 and log-sum-exp -inf.
+        heads = gl.program_id(0) * _HEADS + gl.arange(0, _HEADS, layout=heads_of)
         h_ok = heads < n_heads
-        if SPLITS == 1:
-            o_ptrs = o_ptr + seq.to(gl.int64) * stride_ob + heads[None, :] * stride_oh + cols[:, None]
-            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=h_ok[None, :])
-        else:
-            lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            part = (seq.to(gl.int64) * n_heads + heads) * SPLITS + split
-            gl.store(part_lse_ptr + part, lse, mask=h_ok)
-            gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
+        part = (seq.to(gl.int64) * n_heads + heads) * SPLITS + _PARTS * split + PART
+        lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        gl.store(part_lse_ptr + part, lse, mask=h_ok)
+        out = acc * (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
+        cols = gl.arange(0, _RANK, layout=rows)
+        gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
+
+    @gluon.jit
+    def _decode_fp8_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads,
+                           qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, PAGE: gl.constexpr,
+                           SPLITS: gl.constexpr, WORKER_REGISTERS: gl.constexpr):
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, _HEADS, 16])
+        kv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16 codes: 16-byte copies
+        pe_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        codes: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+
+        q_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _RANK], swizzled)
+        qpe_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _ROPE], swizzled)
+        head_qk_smem = gl.allocate_shared_memory(gl.float32, [_HEADS], flat)
+        kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _RANK], codes)
+        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _ROPE], codes)
+        kv16 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _RANK], swizzled)
+        p_smem = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _HEADS], p_layout)
+        q_up = _query_fp16(q_smem, qpe_smem, q_ptr, gl.program_id(2), stride_qb, stride_qh,
+                           gl.program_id(0) * _HEADS, n_heads, q_layout)
+        head_qk_smem.store(qk_scale * q_up)
+        fence_async_shared()
+        gl.thread_barrier()  # the query's tiles and head scales are in place for both partitions
+        gl.warp_specialize([
+            (_partition, (q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
+                          p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0, mma, kv_layout, pe_layout)),
+            (_partition, (q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(1),
+                          p_smem.index(1), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1, mma, kv_layout, pe_layout)),
+        ], [4], [WORKER_REGISTERS])
 
 
 def launch_decode(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor, block_tables: torch.Tensor,
-                  context_lens: torch.Tensor, qk_scale_log2: float, splits: int, out: torch.Tensor,
-                  part_o: torch.Tensor, part_lse: torch.Tensor) -> None:
+                  context_lens: torch.Tensor, qk_scale_log2: float, splits: int, part_o: torch.Tensor,
+                  part_lse: torch.Tensor) -> None:
     """Launch the kernel for validated operands that
     :func:`bringup_kernels.triton.attn.gluon_decode_usable` accepts (q [B, H, 576] bf16 or fp16, an
     e4m3 cache with the rope channels after the 512 latent ones, ``kv_scale`` [pages, page_size]
-    fp32): the output into ``out`` when ``splits`` is 1, else each split's normalized output and
-    log2-sum-exp into ``part_o`` [B, H, splits, 512] and ``part_lse`` [B, H, splits] for the merge."""
+    fp32): ``splits`` partials (a multiple of :data:`PARTS`, from ``splits / PARTS`` programs per
+    head group and sequence), each a normalized output and log2-sum-exp, into ``part_o`` [B, H,
+    splits, 512] and ``part_lse`` [B, H, splits] for the merge."""
     reason = attn_gluon.gluon_reason()
     if reason is not None:
         raise RuntimeError(f"attn.mla_decode: the Gluon kernel needs Triton's Gluon Hopper API ({reason})")
+    if splits < PARTS or splits % PARTS:
+        raise ValueError(f"attn.mla_decode: the FP8 Gluon kernel writes {PARTS} partials per program; got {splits}")
     batch, heads, _ = q.shape
-    grid = (-(-heads // HEADS), splits, batch)
-    _decode_fp8_kernel[grid](q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse, heads,
+    grid = (-(-heads // HEADS), splits // PARTS, batch)
+    _decode_fp8_kernel[grid](q, kv_cache, kv_scale, block_tables, context_lens, part_o, part_lse, heads,
                              qk_scale_log2, q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-                             block_tables.stride(0), out.stride(0), out.stride(1), PAGE=kv_cache.shape[1],
-                             SPLITS=splits, num_warps=4)
+                             block_tables.stride(0), PAGE=kv_cache.shape[1], SPLITS=splits,
+                             WORKER_REGISTERS=_WORKER_REGISTERS, num_warps=4)
