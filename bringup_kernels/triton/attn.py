@@ -447,8 +447,8 @@ def _launch_gluon(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o
     not run it (:func:`gluon_decode_usable`: among others, when one has failed in this process,
     now or before; with an FP8 cache, a split count that is not a multiple of its partials per
     program)."""
-    fp8_parts = kv_cache.dtype == FP8 and splits % attn_gluon_fp8.PARTS
-    if fp8_parts or not gluon_decode_usable(q, kv_cache, out.shape[-1]):
+    uneven_fp8 = kv_cache.dtype == FP8 and splits % attn_gluon_fp8.PARTS
+    if uneven_fp8 or not gluon_decode_usable(q, kv_cache, out.shape[-1]):
         return False
     try:
         if kv_cache.dtype == FP8:
@@ -509,9 +509,9 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     with a bf16 or fp16 cache the kernel of :mod:`bringup_kernels.triton.attn_gluon`, one program
     per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04), and with an FP8 cache
     that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program of two
-    partitions per SM (2026-12-04: 0.091 against 0.157 ms at 8192 tokens x 16 heads; its one-warp-
-    group form 0.110 ms, and 0.40 against 0.53 ms at 4096 x 128 heads). fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the
-    smallest tiles."""
+    partitions per SM, two partials each (2026-12-04: 0.092 against 0.159 ms at 8192 tokens x 16
+    heads, its one-partition form 0.110 ms; 0.31 against 0.53 ms at 4096 tokens x 128 heads).
+    fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)
     if dtype == torch.float32:
