@@ -4,9 +4,9 @@
 At the decode benchmark's shapes (batch 32: context 8192 x 16 heads with a bf16 and with an FP8
 cache, memory-bound; context 4096 x 128 heads, compute-bound; 64-slot pages), every candidate of
 :func:`bringup_kernels.triton.attn.decode_candidates` (heads per program, cache rows per block, warps,
-stages; first the Gluon kernel where the call may run it) runs with the split count
-its own split count (``DecodeConfig.splits_for``), is checked against the reference with the op's tolerance, and is timed (median of
-``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
+stages; first the Gluon kernel where the call may run it) runs with its own split count
+(``DecodeConfig.splits_for``), is checked against the reference with the op's tolerance, and is
+timed (median of ``do_bench``, L2 flushed). Per shape the ``--top`` fastest are printed beside the default, with
 the share of the copy bandwidth or of cuBLAS bf16. A candidate the compiler rejects (registers,
 shared memory) is a row with the reason.
 

@@ -407,7 +407,6 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         part_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    block_r = _pow2_tile(kv_lora_rank)
     config = config or decode_config(q.dtype, heads, fp8)
     if not (config.gluon and _launch_gluon(q, kv_cache, kv_scale, block_tables, context_lens, out, part_o, part_lse,
                                            softmax_scale, splits)):
@@ -416,7 +415,7 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
                        kv_lora_rank, splits, triton_config)
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
-                                      BLOCK_R=block_r, SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
+                                      BLOCK_R=_pow2_tile(kv_lora_rank), SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
     return out
 
 
