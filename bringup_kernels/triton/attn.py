@@ -19,11 +19,12 @@ context, so short contexts do not scan the table's width. A second kernel merges
 their log-sum-exp, in split order. On Hopper, Gluon kernels take the place of the decode kernel
 (same contract, same merge): :mod:`bringup_kernels.triton.attn_gluon` from 64 heads with a bf16
 or fp16 cache, :mod:`bringup_kernels.triton.attn_gluon_fp8` with an FP8 cache and a bf16 or
-fp16 query. With an FP8 cache the dots run in fp16 (fp32 for an fp32
+fp16 query. With an FP8 cache this module's kernel runs the dots in fp16 (fp32 for an fp32
 query): e4m3 codes widen to fp16 exactly in one instruction per pair, where widening to bf16
 takes four, one of them on the quarter-rate conversion unit; each query head is scaled by a
 power of two into fp16's range first, and a block's probabilities are taken relative to its
-largest row scale, which becomes the accumulator's unit.
+largest row scale, which becomes the accumulator's unit. The Gluon FP8 kernel takes the scores
+as FP8 tensor-core dots instead (its module says how, and what that costs in accuracy).
 
 Two interpreter workarounds, both selected by the ``COMPILED`` constexpr: loops over runtime
 bounds are ``for`` loops when compiled (software-pipelined) and ``while`` loops under
@@ -508,8 +509,8 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     with a bf16 or fp16 cache the kernel of :mod:`bringup_kernels.triton.attn_gluon`, one program
     per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04), and with an FP8 cache
     that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program of two
-    partitions per SM, two partials each (2026-12-04: 0.092 against 0.159 ms at 8192 tokens x 16
-    heads, its one-partition form 0.110 ms; 0.31 against 0.53 ms at 4096 tokens x 128 heads).
+    partitions per SM, two partials each (2026-12-04, graph replays: 0.068 against 0.152 ms at
+    8192 tokens x 16 heads; 0.24 against 0.52 ms at 4096 tokens x 128 heads).
     fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
         return DecodeConfig(_DECODE_HEADS, 16, 4, 1)

@@ -1,23 +1,29 @@
-"""Gluon MLA decode over an FP8 cache on Hopper: the contract and arithmetic of the Triton decode
-kernel in :mod:`bringup_kernels.triton.attn` with ``FP8_CACHE`` (e4m3 codes of 512 latent + 64 rope
-channels, one fp32 scale per cache row; the query scaled per head by a power of two into fp16's
-range, the dots in fp16, each row's scale multiplying its score, a block's probabilities taken
-relative to its largest row scale, which becomes the accumulator's unit), for a bf16 or fp16
-query, scheduled by hand.
+"""Gluon MLA decode over an FP8 cache on Hopper: the contract of the Triton decode kernel in
+:mod:`bringup_kernels.triton.attn` with ``FP8_CACHE`` (e4m3 codes of 512 latent + 64 rope
+channels, one fp32 scale per cache row), for a bf16 or fp16 query, scheduled by hand.
+
+Arithmetic: each query head, scaled by the power of two that puts its largest magnitude in
+[128, 256), is held as two e4m3 terms per channel (its nearest code, then the nearest code of
+what that leaves: together the query's bf16 value, to within 2^-10 of the scaled magnitude for
+channels below 1/4), and the scores are FP8 tensor-core dots of the cache's codes with both
+terms (32 columns: the 16 heads' leading terms, then their remainders), summed; each row's
+scale then multiplies its score. The tensor cores accumulate FP8 products with fewer bits
+than fp32 (about 2e-3 of the largest output against the fp32 reference at 576 channels, the
+size of a bf16 rounding; the Triton kernel's fp16 dots about 1e-4). The values are widened
+to fp16 (exact) for out^T [512, 16] += codes^T @ p^T, a block's probabilities taken relative
+to its largest row scale, which becomes the accumulator's unit.
 
 One program per 16 heads, split and sequence, of two warp-group partitions that share the
 query's tiles and take every other 64-row block of the split's range, each with its own code
 buffer, fp16 tile and softmax state, its result one partial of the merge (so a launch of S
 programs per head group and sequence writes 2S partials). In each, the cache rows are the
-warpgroup MMA's rows (64 per block, its smallest M; the 16 heads its N): scores^T [64, 16] =
-codes @ q^T and out^T [512, 16] += codes^T @ p^T. A block's latent codes arrive by ``cp.async``
-(their pages, and the row scales, loaded a block ahead) and are widened to fp16 once, into the
-tile both products read; its rope codes are widened in registers, the score MMA's A operand;
-the buffer then takes the partition's next block, which arrives while this one is computed
-(and while the other partition computes). The shared memory (223 KiB) holds one program per
-SM; the two partitions keep its tensor cores and copies busy in turn, which one warp group
-alone did not (1.2x). The Triton kernel reads the codes twice (once transposed for the score
-dot), widens them in registers and keeps the heads as the MMA's rows.
+warpgroup MMA's rows (64 per block, its smallest M; the heads its N). A block's codes arrive
+by ``cp.async`` (their pages, and the row scales, loaded a block ahead) in the MMA's swizzled
+layout; the score MMAs read them there while the partition widens them to fp16 into its tile
+(128 channels at a time, each thread 16 channels of a row, lanes placed so that neither the
+loads nor the stores conflict on shared-memory banks); then the buffer takes the partition's
+next block, which arrives while this one is finished (and while the other partition computes).
+The shared memory (about 220 KiB) holds one program per SM.
 
 Needs Triton's Gluon with its Hopper module (:func:`attn_gluon.gluon_reason`) and a GPU of
 compute capability 9.x; no interpreter.
@@ -45,6 +51,17 @@ _WORKER_REGISTERS = 232  # the second partition's registers (setmaxnreg); the fi
 if attn_gluon.gluon_reason() is None:
     _HEADS, _BLOCK_N, _PARTS = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(PARTS)
     _RANK, _ROPE = gl.constexpr(attn_gluon.RANK), gl.constexpr(attn_gluon.ROPE)
+    _WIDEN = gl.constexpr(128)  # channels widened to fp16 at a time
+
+    @gluon.constexpr_function
+    def _widen_layout(cols):
+        """Codes [64, cols] over one warp group, 16 consecutive channels per thread (one 16-byte
+        load, two 16-byte fp16 stores); of the 8 lanes that share a shared-memory pass, lanes 0-3
+        take 64 channels of a row and lanes 4-7 those of the row 5 further, which both the
+        codes' 128-byte swizzle and the fp16 tile's place on other banks."""
+        regs = [[0, 1], [0, 2], [0, 4], [0, 8]] + [[0, 64 << i] for i in range((cols // 64).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=regs + [[8, 0]], lane_bases=[[0, 16], [0, 32], [5, 0], [1, 0], [2, 0]],
+                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[_BLOCK_N, cols])
 
     @gluon.jit
     def _row_scales(scale_ptr, pages, start, end, PAGE: gl.constexpr, layout: gl.constexpr):
@@ -53,9 +70,10 @@ if attn_gluon.gluon_reason() is None:
         return gl.load(scale_ptr + pages.to(gl.int64) * PAGE + pos % PAGE, mask=pos < end, other=0.0)
 
     @gluon.jit
-    def _query_fp16(q_smem, qpe_smem, q_ptr, seq, stride_qb, stride_qh, heads0, n_heads, layout: gl.constexpr):
-        """This program's query heads (zeros past the last) into shared memory in fp16, each scaled
-        by the power of two that keeps its largest magnitude below 2^15 (so it converts exactly);
+    def _query_fp8(q8_smem, qpe8_smem, q_ptr, seq, stride_qb, stride_qh, heads0, n_heads, layout: gl.constexpr):
+        """This program's query heads (zeros past the last) into shared memory as two e4m3 terms:
+        rows 0-15 the nearest codes of each head scaled by the power of two that puts its
+        largest magnitude in [128, 256), rows 16-31 the nearest codes of what those leave;
         returns that scale's inverse per head."""
         heads = heads0 + gl.arange(0, _HEADS, layout=gl.SliceLayout(1, layout))
         rows = q_ptr + seq.to(gl.int64) * stride_qb + heads[:, None] * stride_qh
@@ -65,23 +83,43 @@ if attn_gluon.gluon_reason() is None:
                        other=0.0)
         q, q_pe = q.to(gl.float32), q_pe.to(gl.float32)
         amax = gl.maximum(gl.max(gl.abs(q), axis=1), gl.max(gl.abs(q_pe), axis=1))
-        shift = gl.maximum(((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 141, 0)
-        down = ((127 - shift) << 23).to(gl.float32, bitcast=True)
-        q_smem.store((q * down[:, None]).to(gl.float16))
-        qpe_smem.store((q_pe * down[:, None]).to(gl.float16))
-        return ((127 + shift) << 23).to(gl.float32, bitcast=True)
+        # The exponent of the largest magnitude, kept within fp32's range for zero (padding) heads.
+        exp = gl.minimum(gl.maximum(((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127, -100), 100)
+        up = ((127 + 7 - exp) << 23).to(gl.float32, bitcast=True)
+        q, q_pe = q * up[:, None], q_pe * up[:, None]
+        lead, pe_lead = q.to(gl.float8e4nv), q_pe.to(gl.float8e4nv)
+        q8_smem.slice(0, _HEADS, dim=0).store(lead)
+        q8_smem.slice(_HEADS, _HEADS, dim=0).store((q - lead.to(gl.float32)).to(gl.float8e4nv))
+        qpe8_smem.slice(0, _HEADS, dim=0).store(pe_lead)
+        qpe8_smem.slice(_HEADS, _HEADS, dim=0).store((q_pe - pe_lead.to(gl.float32)).to(gl.float8e4nv))
+        return ((127 - 7 + exp) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _partition(q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16, p_smem, cache_ptr, scale_ptr,
+    def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, kv16, mma32: gl.constexpr, mma: gl.constexpr,
+                widen_layout: gl.constexpr):
+        """A block's scores [64 rows, 16 heads] (the codes' dots with the query, before the row
+        scales), its latent codes widened into ``kv16`` while the FP8 MMAs run."""
+        s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32),
+                           use_acc=False, is_async=True)
+        s2 = warpgroup_mma(pe_codes, qpe8_smem.permute((1, 0)), s2, is_async=True)
+        for c in gl.static_range(_RANK // _WIDEN):  # e4m3 -> fp16 is exact
+            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(
+                kv_codes.slice(c * _WIDEN, _WIDEN, dim=1).load(widen_layout).to(gl.float16))
+        s2 = warpgroup_mma_wait(num_outstanding=0, deps=(s2,))
+        lead, rest = s2.reshape(_BLOCK_N, 2, _HEADS).permute(0, 2, 1).split()
+        return gl.convert_layout(lead + rest, mma)
+
+    @gluon.jit
+    def _partition(q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16, p_smem, cache_ptr, scale_ptr,
                    tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb,
                    PAGE: gl.constexpr, SPLITS: gl.constexpr, PART: gl.constexpr, mma: gl.constexpr,
-                   kv_layout: gl.constexpr, pe_layout: gl.constexpr):
+                   mma32: gl.constexpr, kv_layout: gl.constexpr, pe_layout: gl.constexpr,
+                   widen_layout: gl.constexpr):
         """Partition PART's blocks of this program's range (the PART-th of every pair; their codes
         in ``kv_codes[PART]`` and ``pe_codes[PART]``), its normalized output and log2-sum-exp into
         partial ``PARTS * split + PART`` of SPLITS."""
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         heads_of: gl.constexpr = gl.SliceLayout(0, mma)
-        pe_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         kv_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
         pe_rows: gl.constexpr = gl.SliceLayout(1, pe_layout)
         STRIDE: gl.constexpr = _PARTS * _BLOCK_N
@@ -108,9 +146,10 @@ if attn_gluon.gluon_reason() is None:
         unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of)
         for n in range(first, end, STRIDE):
             async_copy.wait_group(0)
-            gl.thread_barrier()  # every thread's copies of this block have landed, the last products are done
-            kv16.store(kv_codes.index(PART).load(kv_layout).to(gl.float16))  # e4m3 -> fp16 is exact
-            pe = pe_codes.index(PART).load(pe_operand).to(gl.float16)
+            fence_async_shared()  # this thread's copies, then every thread's, are visible to the MMAs
+            gl.thread_barrier()  # (and the last block's products are done)
+            s = _scores(kv_codes.index(PART), pe_codes.index(PART), q8_smem, qpe8_smem, kv16, mma32, mma,
+                        widen_layout)
             gl.thread_barrier()  # the codes are read: the buffer takes the next block
             later = n + STRIDE
             if later < end:
@@ -120,11 +159,6 @@ if attn_gluon.gluon_reason() is None:
             kv_pages = block_pages(table_row, later + STRIDE, end, PAGE, kv_rows)  # for the next block's copies
             pe_pages = block_pages(table_row, later + STRIDE, end, PAGE, pe_rows)
             scale_pages = block_pages(table_row, later + STRIDE, end, PAGE, rows)
-            fence_async_shared()
-            s = warpgroup_mma(kv16, q_smem.permute((1, 0)), gl.zeros([_BLOCK_N, _HEADS], gl.float32, layout=mma),
-                              use_acc=False, is_async=True)
-            s = warpgroup_mma(pe, qpe_smem.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             visible = (n + gl.arange(0, _BLOCK_N, layout=rows)) < end
             s = gl.where(visible[:, None], s * row_scale[:, None] * head_qk[None, :], float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=0))
@@ -158,33 +192,39 @@ if attn_gluon.gluon_reason() is None:
                            SPLITS: gl.constexpr, WORKER_REGISTERS: gl.constexpr):
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, _HEADS, 16])
+        mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, 2 * _HEADS, 32])
         kv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16 codes: 16-byte copies
         pe_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
         q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-        codes: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        codes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        pe_codes_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
 
-        q_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _RANK], swizzled)
-        qpe_smem = gl.allocate_shared_memory(gl.float16, [_HEADS, _ROPE], swizzled)
+        q8_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * _HEADS, _RANK], codes)
+        qpe8_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * _HEADS, _ROPE], pe_codes_layout)
         head_qk_smem = gl.allocate_shared_memory(gl.float32, [_HEADS], flat)
         kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _RANK], codes)
-        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _ROPE], codes)
+        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _ROPE], pe_codes_layout)
         kv16 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _RANK], swizzled)
         p_smem = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _HEADS], p_layout)
-        q_up = _query_fp16(q_smem, qpe_smem, q_ptr, gl.program_id(2), stride_qb, stride_qh,
-                           gl.program_id(0) * _HEADS, n_heads, q_layout)
-        head_qk_smem.store(qk_scale * q_up)
+        q_down = _query_fp8(q8_smem, qpe8_smem, q_ptr, gl.program_id(2), stride_qb, stride_qh,
+                            gl.program_id(0) * _HEADS, n_heads, q_layout)
+        head_qk_smem.store(qk_scale * q_down)
         fence_async_shared()
         gl.thread_barrier()  # the query's tiles and head scales are in place for both partitions
+        widen_layout: gl.constexpr = _widen_layout(_WIDEN)
         gl.warp_specialize([
-            (_partition, (q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
                           p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
-                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0, mma, kv_layout, pe_layout)),
-            (_partition, (q_smem, qpe_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(1),
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(1),
                           p_smem.index(1), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
-                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1, mma, kv_layout, pe_layout)),
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
         ], [4], [WORKER_REGISTERS])
 
 
