@@ -20,8 +20,8 @@ programs per head group and sequence writes 2S partials). In each, the cache row
 warpgroup MMA's rows (64 per block, its smallest M; the heads its N). A block's codes arrive
 by ``cp.async`` (their pages, and the row scales, loaded a block ahead) in the MMA's swizzled
 layout; the score MMAs read them there while the partition widens them to fp16 into its tile
-(128 channels at a time, each thread 16 channels of a row, lanes placed so that neither the
-loads nor the stores conflict on shared-memory banks); then the buffer takes the partition's
+(64 channels at a time, the next 64 loaded before these are stored; each thread 16 channels
+of a row, lanes placed so that neither the loads nor the stores conflict on shared-memory banks); then the buffer takes the partition's
 next block, which arrives while this one is finished (and while the other partition computes).
 The shared memory (about 220 KiB) holds one program per SM.
 
@@ -51,7 +51,7 @@ _WORKER_REGISTERS = 232  # the second partition's registers (setmaxnreg); the fi
 if attn_gluon.gluon_reason() is None:
     _HEADS, _BLOCK_N, _PARTS = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(PARTS)
     _RANK, _ROPE = gl.constexpr(attn_gluon.RANK), gl.constexpr(attn_gluon.ROPE)
-    _WIDEN = gl.constexpr(128)  # channels widened to fp16 at a time
+    _WIDEN = gl.constexpr(64)  # channels widened to fp16 at a time
 
     @gluon.constexpr_function
     def _widen_layout(cols):
@@ -102,9 +102,13 @@ if attn_gluon.gluon_reason() is None:
         s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32),
                            use_acc=False, is_async=True)
         s2 = warpgroup_mma(pe_codes, qpe8_smem.permute((1, 0)), s2, is_async=True)
-        for c in gl.static_range(_RANK // _WIDEN):  # e4m3 -> fp16 is exact
-            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(
-                kv_codes.slice(c * _WIDEN, _WIDEN, dim=1).load(widen_layout).to(gl.float16))
+        codes = kv_codes.slice(0, _WIDEN, dim=1).load(widen_layout)
+        for c in gl.static_range(_RANK // _WIDEN):  # each chunk's loads issued before the last chunk's stores
+            if c + 1 < _RANK // _WIDEN:
+                later = kv_codes.slice((c + 1) * _WIDEN, _WIDEN, dim=1).load(widen_layout)
+            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
+            if c + 1 < _RANK // _WIDEN:
+                codes = later
         s2 = warpgroup_mma_wait(num_outstanding=0, deps=(s2,))
         lead, rest = s2.reshape(_BLOCK_N, 2, _HEADS).permute(0, 2, 1).split()
         return gl.convert_layout(lead + rest, mma)
@@ -194,7 +198,7 @@ if attn_gluon.gluon_reason() is None:
                                                       instr_shape=[16, _HEADS, 16])
         mma32: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, 2 * _HEADS, 32])
-        kv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # 16 codes: 16-byte copies
+        kv_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # 16-byte copies, 4 rows a thread
         pe_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
         q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         codes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
