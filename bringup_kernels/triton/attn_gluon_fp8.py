@@ -4,14 +4,14 @@ channels, one fp32 scale per cache row), for a bf16 or fp16 query, scheduled by 
 
 Arithmetic: each query head, scaled by the power of two that puts its largest magnitude in
 [128, 256), is held as two e4m3 terms per channel (its nearest code, then the nearest code of
-what that leaves: together the query's bf16 value, to within 2^-10 of the scaled magnitude for
-channels below 1/4), and the scores are FP8 tensor-core dots of the cache's codes with both
-terms (32 columns: the 16 heads' leading terms, then their remainders), summed; each row's
-scale then multiplies its score. The tensor cores accumulate FP8 products with fewer bits
-than fp32 (about 2e-3 of the largest output against the fp32 reference at 576 channels, the
-size of a bf16 rounding; the Triton kernel's fp16 dots about 1e-4). The values are widened
-to fp16 (exact) for out^T [512, 16] += codes^T @ p^T, a block's probabilities taken relative
-to its largest row scale, which becomes the accumulator's unit.
+what that leaves: together a bf16 query's value, exactly from a scaled magnitude of 1/4 and to
+within 2^-10 below it; an fp16 query's to about 2^-8 of each channel), and the scores are FP8
+tensor-core dots of the cache's codes with both terms (32 columns: the 16 heads' leading terms,
+then their remainders), summed; each row's scale then multiplies its score. The tensor cores
+accumulate FP8 products with fewer bits than fp32 (about 2e-3 of the largest output against the
+fp32 reference at 576 channels, the size of a bf16 rounding; the Triton kernel's fp16 dots
+about 1e-4). The values are widened to fp16 (exact) for out^T [512, 16] += codes^T @ p^T, a
+block's probabilities taken relative to its largest row scale, which becomes the accumulator's unit.
 
 One program per 16 heads, split and sequence, of two warp-group partitions that share the
 query's tiles and take every other 64-row block of the split's range, each with its own code
@@ -21,8 +21,9 @@ warpgroup MMA's rows (64 per block, its smallest M; the heads its N). A block's 
 by ``cp.async`` (their pages, and the row scales, loaded a block ahead) in the MMA's swizzled
 layout; the score MMAs read them there while the partition widens them to fp16 into its tile
 (64 channels at a time, the next 64 loaded before these are stored; each thread 16 channels
-of a row, lanes placed so that neither the loads nor the stores conflict on shared-memory banks); then the buffer takes the partition's
-next block, which arrives while this one is finished (and while the other partition computes).
+of a row, lanes placed so that neither the loads nor the stores conflict on shared-memory
+banks); then the buffer takes the partition's next block, which arrives while this one is
+finished (and while the other partition computes).
 The shared memory (about 220 KiB) holds one program per SM.
 
 Needs Triton's Gluon with its Hopper module (:func:`attn_gluon.gluon_reason`) and a GPU of
@@ -59,9 +60,10 @@ if attn_gluon.gluon_reason() is None:
         load, two 16-byte fp16 stores); of the 8 lanes that share a shared-memory pass, lanes 0-3
         take 64 channels of a row and lanes 4-7 those of the row 5 further, which both the
         codes' 128-byte swizzle and the fp16 tile's place on other banks."""
-        regs = [[0, 1], [0, 2], [0, 4], [0, 8]] + [[0, 64 << i] for i in range((cols // 64).bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg_bases=regs + [[8, 0]], lane_bases=[[0, 16], [0, 32], [5, 0], [1, 0], [2, 0]],
-                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[_BLOCK_N, cols])
+        regs = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]] + [[0, 64 << i] for i in range((cols // 64).bit_length() - 1)]
+        lanes = [[0, 16], [0, 32], [5, 0], [1, 0], [2, 0]]
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=[[16, 0], [32, 0]],
+                                          block_bases=[], shape=[_BLOCK_N, cols])
 
     @gluon.jit
     def _row_scales(scale_ptr, pages, start, end, PAGE: gl.constexpr, layout: gl.constexpr):
@@ -99,8 +101,8 @@ if attn_gluon.gluon_reason() is None:
                 widen_layout: gl.constexpr):
         """A block's scores [64 rows, 16 heads] (the codes' dots with the query, before the row
         scales), its latent codes widened into ``kv16`` while the FP8 MMAs run."""
-        s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32),
-                           use_acc=False, is_async=True)
+        s2 = gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32)
+        s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), s2, use_acc=False, is_async=True)
         s2 = warpgroup_mma(pe_codes, qpe8_smem.permute((1, 0)), s2, is_async=True)
         codes = kv_codes.slice(0, _WIDEN, dim=1).load(widen_layout)
         for c in gl.static_range(_RANK // _WIDEN):  # each chunk's loads issued before the last chunk's stores
