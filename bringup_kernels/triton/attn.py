@@ -509,7 +509,7 @@ def decode_config(dtype: torch.dtype, heads: int, fp8_cache: bool = False, gluon
     with a bf16 or fp16 cache the kernel of :mod:`bringup_kernels.triton.attn_gluon`, one program
     per SM (0.114 against 0.173 ms at 128 heads on an H200, 2026-12-04), and with an FP8 cache
     that of :mod:`bringup_kernels.triton.attn_gluon_fp8`, 16 heads per program, one program of two
-    partitions per SM, two partials each (2026-12-04, graph replays: 0.068 against 0.152 ms at
+    partitions per SM, two partials each (2026-12-04, graph replays: 0.065 against 0.152 ms at
     8192 tokens x 16 heads; 0.24 against 0.52 ms at 4096 tokens x 128 heads).
     fp32 (IEEE dots) takes 16 heads and 16 rows; the interpreter the smallest tiles."""
     if not compiled_for_gpu():
