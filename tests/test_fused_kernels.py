@@ -312,8 +312,9 @@ def test_gluon_fp8_decode_matches_the_reference_on_ragged_contexts_and_pages(mon
     """The FP8-cache Gluon kernel against the reference at 512 + 64 channels, bf16 queries: 16
     heads, 40 (a partial program), 8 and 128; random row scales; one head scaled past fp16's range;
     16-, 32- and 64-slot pages; contexts of 0, ragged and whole tables; 2, 4 and 6 partials (1, 2
-    and 3 programs of two partitions); as close to it as the Triton kernel is. An odd split count
-    runs the Triton kernel."""
+    and 3 programs of two partitions); within the op's bf16 tolerance (1e-2 of the largest output:
+    its FP8 score products accumulate with fewer bits than the Triton kernel's fp16 ones) or twice
+    the Triton kernel's error, whichever is larger. An odd split count runs the Triton kernel."""
     from bringup_kernels.triton import attn_gluon
 
     if attn_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:

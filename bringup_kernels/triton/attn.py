@@ -416,7 +416,8 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
                        kv_lora_rank, splits, triton_config)
     if splits > 1:
         _merge_kernel[(heads, batch)](part_o, part_lse, out, heads, out.stride(0), out.stride(1), RANK=kv_lora_rank,
-                                      BLOCK_R=_pow2_tile(kv_lora_rank), SPLITS=splits, BLOCK_S=next_power_of_2(splits), num_warps=4)
+                                      BLOCK_R=_pow2_tile(kv_lora_rank), SPLITS=splits,
+                                      BLOCK_S=next_power_of_2(splits), num_warps=4)
     return out
 
 
