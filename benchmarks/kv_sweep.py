@@ -1,9 +1,10 @@
-"""The Triton ``kv.store`` kernel's launch configurations side by side, to choose its defaults.
+"""The ``kv.store`` kernels' launch configurations side by side, to choose their defaults.
 ``python -m benchmarks.kv_sweep [--top N]`` (prints, writes nothing; ``--top 0`` times the defaults alone).
 
 At the memory-bound benchmark's size (65536 rows scattered over a paged cache, bf16 and FP8
 cache), every candidate of :func:`bringup_kernels.triton.kv.store_candidates` (rows per block, warps,
-blocks per program and the loop's pipeline depth) writes a zeroed cache, is checked bitwise
+blocks per program and the loop's pipeline depth; into the FP8 cache also the Gluon kernel's rows,
+warps and lanes per row, where it can run) writes a zeroed cache, is checked bitwise
 against the reference (the op's outputs are exact), and is timed (median of ``do_bench``). Per
 cache the ``--top`` fastest are printed beside the default with their share of the copy bandwidth;
 a candidate the compiler rejects is a row with the reason.
@@ -46,7 +47,7 @@ def candidate_row(label: str, args: tuple, kwargs: dict, config, expected, nbyte
 
 def measure(args) -> list[Row]:
     from bringup_kernels import registry
-    from bringup_kernels.triton.kv import store_candidates
+    from bringup_kernels.triton.kv import gluon_store_usable, store_candidates
 
     op = registry.get("kv.store")
     rows = harness.LiveRows()
@@ -55,15 +56,16 @@ def measure(args) -> list[Row]:
         latent, rope, cache, slots = call_args
         expected = op.reference(latent, rope, cache.clone(), slots, **{k: v.clone() for k, v in kwargs.items()})
         label = f"{STORE_TOKENS} tok, 512+64 -> {'fp8' if fp8 else 'bf16'}"
+        candidates = store_candidates(STORE_TOKENS, 512 + 64, fp8, fp8 and gluon_store_usable(latent, rope, cache))
         timed = [candidate_row(label, call_args, kwargs, config, expected, store_bytes(fp8))
-                 for config in store_candidates(STORE_TOKENS, 512 + 64, fp8)[: None if args.top else 1]]
+                 for config in candidates[: None if args.top else 1]]
         rows += sweep.ranked_rows(timed, args.top, label)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     return sweep.run(argv, "kv_sweep", __doc__.split("\n\n")[0], "cache", 6, measure,
-                     "kv.store launch configurations (Triton)")
+                     "kv.store launch configurations (Triton, Gluon)")
 
 
 if __name__ == "__main__":

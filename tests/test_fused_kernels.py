@@ -373,6 +373,65 @@ def test_fp8_cache_from_store_to_decode():
     assert torch.isfinite(out).all() and rel_err(out, mla_decode_reference(*args, kv_scale=scale)) <= 1e-2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gluon_fp8_store_writes_the_reference_bits():
+    """The Gluon ``kv.store`` kernel, at every launch the sweep times, against the reference at
+    DeepSeek-V3's 512 + 64 bf16 channels: 1 to 4099 rows (partial blocks), padding slots, rows read
+    from a wider tensor (strided views), an all-zero row (the amax floor), rows scaled by 1e-3 and
+    300: the same code and scale bits; and it is the default there."""
+    from bringup_kernels.triton import kv_gluon
+
+    if kv_gluon.gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(kv_gluon.gluon_reason() or "the Gluon store kernel is offered on compute capability 9.x")
+    gen = generator(21)
+    configs = [c for c in kv.store_candidates(4099, 576, True, gluon=True) if c.lanes]
+    assert kv.store_config(4099, 576, True, gluon=True) == configs[0] and len(configs) > 10
+    for tokens in (1, 7, 37, 1000, 4099):
+        rows = randn(gen, tokens, 600, dtype=torch.bfloat16)
+        rows[::5] *= 1e-3
+        rows[1::7] *= 300
+        rows[tokens // 2] = 0
+        latent, k_rope = rows[:, 8:520], rows[:, 530:594]
+        blocks, page = tokens // 16 + 3, 16
+        slots = torch.randperm(blocks * page, generator=gen)[:tokens].to(DEVICE)
+        slots[::9] = -1
+        cache = randn(gen, blocks, page, 576).to(FP8)
+        scale = torch.rand(blocks, page, generator=gen).to(DEVICE)
+        ref_cache, ref_scale = store_reference(latent, k_rope, cache.clone(), slots, scale.clone())
+        assert kv.gluon_store_usable(latent, k_rope, cache)
+        for config in configs:
+            got_cache, got_scale = kv.store_with(latent, k_rope, cache.clone(), slots, scale.clone(), config)
+            assert torch.equal(got_cache.view(torch.uint8), ref_cache.view(torch.uint8)), (tokens, config.label())
+            assert torch.equal(got_scale, ref_scale), (tokens, config.label())
+    assert not kv._GLUON_FAILED
+
+
+def test_gluon_fp8_store_falls_back_to_triton_once_it_fails(monkeypatch, capsys):
+    """Where the Gluon store kernel may run but fails, the call runs the Triton kernel (the same
+    bits), says so once, and the process offers the Gluon kernel no more. Here its launch is made
+    to fail; bf16 rows of an odd stride and other dtypes never ask for it."""
+    def failing_launch(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(kv, "_GLUON_FAILED", [])
+    monkeypatch.setattr(kv, "gluon_store_usable", lambda *args: not kv._GLUON_FAILED)  # as if on a GPU that can
+    monkeypatch.setattr(kv.kv_gluon, "launch_store", failing_launch)
+    gen = generator(22)
+    latent, k_rope = randn(gen, 9, 64, dtype=torch.bfloat16), randn(gen, 9, 16, dtype=torch.bfloat16)
+    slots = torch.randperm(32, generator=gen)[:9].to(DEVICE)
+    cache, scale = randn(gen, 4, 8, 80).to(FP8), torch.rand(4, 8, generator=gen).to(DEVICE)
+    ref_cache, ref_scale = store_reference(latent, k_rope, cache.clone(), slots, scale.clone())
+    for _ in range(2):
+        got_cache, got_scale = kv.store(latent, k_rope, cache.clone(), slots, scale.clone())
+        assert torch.equal(got_cache.view(torch.uint8), ref_cache.view(torch.uint8)) and torch.equal(got_scale, ref_scale)
+    assert capsys.readouterr().err.count("kv.store: the Gluon kernel failed here (RuntimeError: PassManager::run "
+                                         "failed); using the Triton kernel") == 1
+    monkeypatch.undo()
+    odd = randn(gen, 9, 81, dtype=torch.bfloat16)
+    assert not kv.kv_gluon.store_supported(odd[:, :64], odd[:, 64:80], cache, 8, 4, 16)  # odd stride, narrow rows
+    assert not kv.gluon_store_usable(latent.float(), k_rope.float(), cache)
+
+
 def test_store_accepts_strided_rows_and_rejects_a_missing_scale():
     gen = generator(12)
     cache = randn(gen, 3, 4, 24, dtype=torch.bfloat16)

@@ -383,7 +383,9 @@ def test_gemm_rejects_a_split_that_does_not_divide_k():
 @pytest.mark.parametrize("fp8", [False, True])
 def test_every_kv_store_launch_gives_the_reference_bits(fp8):
     """Every launch the store sweep times (rows per block, warps, blocks per program, pipeline
-    depth) writes the reference's bits, padding rows skipped and row tails masked."""
+    depth; into an FP8 cache also the Gluon kernel's, run on a Hopper GPU, else the Triton
+    kernel's default in their place) writes the reference's bits, padding rows skipped and row
+    tails masked."""
     from bringup_kernels.ops.kv import store_reference
     from bringup_kernels.ops.quant import FP8
     from bringup_kernels.triton.kv import StoreConfig, store_candidates, store_config, store_with
@@ -398,7 +400,9 @@ def test_every_kv_store_launch_gives_the_reference_bits(fp8):
     scale = torch.rand(blocks, page, generator=gen).to(DEVICE) if fp8 else None
     expected = store_reference(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None)
     configs = {StoreConfig(2, 2), StoreConfig(2, 2, 4, 2), StoreConfig(8, 4, 8, 3), StoreConfig(4, 4, 32, 4)}
-    assert configs <= set(store_candidates(tokens, 128, fp8)), "the test's launches are among the candidates"
+    if fp8:
+        configs |= {StoreConfig(4, 1, lanes=8), StoreConfig(8, 2, lanes=8), StoreConfig(16, 4, lanes=8)}
+    assert configs <= set(store_candidates(tokens, 128, fp8, gluon=True)), "the test's launches are among the candidates"
     for config in sorted(configs, key=StoreConfig.label):
         got = store_with(latent, rope, cache.clone(), slots, scale.clone() if fp8 else None, config)
         for out, ref in zip(got if fp8 else (got,), expected if fp8 else (expected,)):

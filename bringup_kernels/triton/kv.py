@@ -9,9 +9,12 @@ so codes and scales are bitwise equal to it.
 
 A launch is described by :class:`StoreConfig`: rows per block, warps, and how many consecutive
 row blocks one program walks (``blocks``), with the loop's software-pipelining depth
-(``num_stages``: the next blocks' loads issued while the current block is reduced and stored).
-:func:`store_config` gives the default for a row count, :func:`store_candidates` what
-``benchmarks.kv_sweep`` times against it.
+(``num_stages``: the next blocks' loads issued while the current block is reduced and stored);
+or, with ``lanes``, the Gluon kernel of :mod:`bringup_kernels.triton.kv_gluon` (bf16 rows into an FP8
+cache, the same bits), the default where :func:`gluon_store_usable` allows it. Should the Gluon
+kernel fail to compile or launch, the call runs the Triton kernel, says so once, and the process
+offers the Gluon kernel no more. :func:`store_config` gives the default for a row count,
+:func:`store_candidates` what ``benchmarks.kv_sweep`` times against it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import triton.language as tl
 
 from ..ops.quant import AMAX_FLOOR, FP8, FP8_MAX
 from ..registry import UnsupportedCall
-from .common import (MIN_PROGRAMS, await_inputs, cdiv, compiled_for_gpu, fp8_codes, next_power_of_2, round_to_dtype,
-                     rows_per_program)
+from . import kv_gluon
+from .common import (MIN_PROGRAMS, await_inputs, cdiv, compiled_for_gpu, cuda_major, fp8_codes, give_up,
+                     next_power_of_2, round_to_dtype, rows_per_program)
 from .launch import direct
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -35,26 +39,49 @@ _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 @dataclass(frozen=True)
 class StoreConfig:
     """One launch of the store kernel: ``rows`` per block (a power of two), ``num_warps``, and each
-    program walking ``blocks`` consecutive blocks in a loop pipelined ``num_stages`` deep."""
+    program walking ``blocks`` consecutive blocks in a loop pipelined ``num_stages`` deep; with
+    ``lanes`` (not 0), the Gluon FP8 kernel instead, one block per program, a row over that many
+    lanes of a warp."""
 
     rows: int
     num_warps: int = 2
     blocks: int = 1
     num_stages: int = 1
+    lanes: int = 0
 
     def label(self) -> str:
+        if self.lanes:
+            return f"gluon r{self.rows} w{self.num_warps} l{self.lanes}"
         return f"r{self.rows} w{self.num_warps} b{self.blocks} s{self.num_stages}"
 
 
 # An FP8 cache's rows: blocks per program and pipeline depth (kv_sweep, H200, 2026-12-02: 8 blocks
 # 3 deep 1.17x one block at 65536 rows; a bf16 cache gained nothing from the loop).
 _FP8_BLOCKS, _FP8_STAGES = 8, 3
+# The Gluon FP8 kernel's launch (H200, 2026-12-04, 65536 rows: 8 rows, 4 warps, 16 lanes a row
+# 77.4-77.6% of copy in two runs, the Triton default 70-72% beside it; the neighbours 76-79%).
+_GLUON_FP8 = StoreConfig(8, 4, lanes=16)
+# Why the Gluon kernel failed to compile or launch in this process (then it is not offered again).
+_GLUON_FAILED: list[str] = []
 
 
-def store_config(n_rows: int, row_elems: int, fp8: bool) -> StoreConfig:
-    """The default launch for ``n_rows`` rows of ``row_elems`` (padded) elements: about 4096
-    elements per block, two warps; into an FP8 cache each program walks up to ``_FP8_BLOCKS``
-    blocks, fewer when that would leave fewer than ``MIN_PROGRAMS`` programs."""
+def gluon_store_usable(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor,
+                       config: StoreConfig = _GLUON_FP8) -> bool:
+    """Whether a store of validated operands may run the Gluon FP8 kernel with ``config``: an FP8
+    cache on a GPU of compute capability 9.x with this Triton's Gluon, operands and launch that
+    :func:`bringup_kernels.triton.kv_gluon.store_supported` accepts, and no failure of it here."""
+    return (cache.dtype == FP8 and latent.is_cuda and compiled_for_gpu() and not _GLUON_FAILED
+            and kv_gluon.gluon_reason() is None and cuda_major(latent.device) == 9
+            and kv_gluon.store_supported(latent, rope, cache, config.rows, config.num_warps, config.lanes))
+
+
+def store_config(n_rows: int, row_elems: int, fp8: bool, gluon: bool = False) -> StoreConfig:
+    """The default launch for ``n_rows`` rows of ``row_elems`` (padded) elements: with ``gluon``
+    (an FP8 store the Gluon kernel can run), its launch; else about 4096 elements per block, two
+    warps, and into an FP8 cache each program walks up to ``_FP8_BLOCKS`` blocks, fewer when that
+    would leave fewer than ``MIN_PROGRAMS`` programs."""
+    if fp8 and gluon:
+        return _GLUON_FP8
     rows = rows_per_program(n_rows, row_elems)
     blocks = _FP8_BLOCKS if fp8 else 1
     while blocks > 1 and cdiv(n_rows, rows * blocks) < MIN_PROGRAMS:
@@ -62,11 +89,16 @@ def store_config(n_rows: int, row_elems: int, fp8: bool) -> StoreConfig:
     return StoreConfig(rows, 2, blocks, _FP8_STAGES if blocks > 1 else 1)
 
 
-def store_candidates(n_rows: int, row_elems: int, fp8: bool) -> list[StoreConfig]:
-    """The default first, then the alternatives ``benchmarks.kv_sweep`` times."""
-    default = store_config(n_rows, row_elems, fp8)
+def store_candidates(n_rows: int, row_elems: int, fp8: bool, gluon: bool = False) -> list[StoreConfig]:
+    """The default first, then the alternatives ``benchmarks.kv_sweep`` times (with ``gluon``, the
+    Gluon kernel's launches among them whose threads hold one or two rows each)."""
+    default = store_config(n_rows, row_elems, fp8, gluon)
     others = [StoreConfig(rows, warps, blocks, stages) for rows in (1, 2, 4, 8) for warps in (1, 2, 4)
               for blocks, stages in ((1, 1), (4, 2), (8, 3), (8, 4), (16, 3), (16, 4), (32, 4))]
+    if fp8 and gluon:
+        others += [StoreConfig(rows, warps, lanes=lanes) for rows in (4, 8, 16) for warps in (1, 2, 4)
+                   for lanes in (8, 16, 32) if rows // (warps * (32 // lanes)) in (1, 2)
+                   and rows % (warps * (32 // lanes)) == 0]
     return [default] + [c for c in others if c != default]
 
 
@@ -175,7 +207,12 @@ def store_with(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, sl
     n_rows, rank, rope_dim = latent.shape[0], latent.shape[1], rope.shape[1]
     if n_rows:
         block_r, block_d = next_power_of_2(rank), next_power_of_2(rope_dim)
-        config = config or store_config(n_rows, block_r + block_d, fp8)
+        gluon = fp8 and gluon_store_usable(latent, rope, cache, config or _GLUON_FP8)
+        config = config or store_config(n_rows, block_r + block_d, fp8, gluon)
+        if config.lanes and gluon and _launch_gluon(latent, rope, cache, slots, scale, config):
+            return cache, scale
+        if config.lanes:  # the Gluon kernel may not run this call: the Triton kernel's default
+            config = store_config(n_rows, block_r + block_d, fp8)
         _store_kernel[(cdiv(n_rows, config.rows * config.blocks),)](
             latent, rope, slots, cache.view(torch.uint8) if fp8 else cache, scale if fp8 else cache,
             n_rows, latent.stride(0), rope.stride(0), RANK=rank, ROPE=rope_dim, BLOCK_R=block_r,
@@ -183,6 +220,18 @@ def store_with(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, sl
             HARDWARE_CAST=compiled_for_gpu(), num_warps=config.num_warps,
         )
     return (cache, scale) if fp8 else cache
+
+
+def _launch_gluon(latent, rope, cache, slots, scale, config: StoreConfig) -> bool:
+    """The Gluon FP8 kernel with ``config`` (:func:`gluon_store_usable` passed); False when it
+    failed (then the caller runs the Triton kernel, and this process offers it no more)."""
+    try:
+        kv_gluon.launch_store(latent, rope, cache.view(torch.uint8), slots, scale, config.rows, config.num_warps,
+                              config.lanes)
+    except Exception as exc:  # noqa: BLE001 - Gluon is experimental: any failure here falls back to Triton
+        give_up(_GLUON_FAILED, exc, "kv.store", "the Gluon kernel", "the Triton kernel")
+        return False
+    return True
 
 
 def _validate(latent, rope, cache, slots, scale, fp8: bool) -> None:
