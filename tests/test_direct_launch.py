@@ -207,11 +207,12 @@ def test_why_kernels_do_not_launch_directly_is_reported(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_direct_launches_give_tritons_bits_on_gpu(monkeypatch):
     """Each op twice with the direct launch (the second call launches directly) against the same
-    op through Triton, on fresh inputs, aligned and misaligned (a view one element in)."""
-    from bringup_kernels.ops import attn, gemm, norm, quant
+    op through Triton, on fresh inputs, aligned and misaligned (a view one element in); the
+    decode over an FP8 cache and the store into one run their Gluon kernels where they can."""
+    from bringup_kernels.ops import attn, gemm, kv, norm, quant
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
 
-    from benchmarks.ops import decode_inputs
+    from benchmarks.ops import decode_inputs, store_inputs
 
     def calls(seed: int, offset: int):
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -220,8 +221,11 @@ def test_direct_launches_give_tritons_bits_on_gpu(monkeypatch):
         a, sa = act_quant_reference(torch.randn(5, 7168, device="cuda", dtype=torch.bfloat16, generator=g))
         b, sb = quantize_weight(torch.randn(2112, 7168, device="cuda", generator=g) / 85)
         args, kwargs = decode_inputs(2, 16, 1024, page=64, dev="cuda")
+        fp8_args, fp8_kwargs = decode_inputs(2, 16, 1024, fp8=True, page=64, dev="cuda")
+        (latent, rope, cache, slots), store_kwargs = store_inputs(True, tokens=1024, dev="cuda")
         return [lambda: norm.rmsnorm(x, w), lambda: quant.act_quant(x), lambda: gemm.fp8_block(a, sa, b, sb),
-                lambda: attn.mla_decode(*args, **kwargs)]
+                lambda: attn.mla_decode(*args, **kwargs), lambda: attn.mla_decode(*fp8_args, **fp8_kwargs),
+                lambda: kv.store(latent, rope, cache.clone(), slots, store_kwargs["scale"].clone())]
 
     def outputs(direct: bool, ops: list) -> list:
         monkeypatch.setenv("ENGINE_OPS_DIRECT_LAUNCH", "1" if direct else "0")

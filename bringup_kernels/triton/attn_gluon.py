@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .launch import direct
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -87,6 +89,7 @@ if _IMPORT_ERROR is None:
         rows = q_ptr + seq.to(gl.int64) * stride_qb + heads[:, None] * stride_qh
         smem.store(gl.load(rows + cols[None, :], mask=(heads < n_heads)[:, None], other=0.0))
 
+    @direct
     @gluon.jit
     def _decode_gluon_kernel(q_ptr, cache_ptr, tables_ptr, lens_ptr, o_ptr, part_o_ptr, part_lse_ptr, n_heads,
                              qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh,

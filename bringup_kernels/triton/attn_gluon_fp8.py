@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import attn_gluon
+from .launch import direct
 
 if attn_gluon.gluon_reason() is None:
     from triton.experimental import gluon
@@ -192,6 +193,7 @@ if attn_gluon.gluon_reason() is None:
         cols = gl.arange(0, _RANK, layout=rows)
         gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
 
+    @direct
     @gluon.jit
     def _decode_fp8_kernel(q_ptr, cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads,
                            qk_scale, stride_qb, stride_qh, stride_page, stride_slot, stride_tb, PAGE: gl.constexpr,
