@@ -207,7 +207,8 @@ def store_with(latent: torch.Tensor, rope: torch.Tensor, cache: torch.Tensor, sl
     n_rows, rank, rope_dim = latent.shape[0], latent.shape[1], rope.shape[1]
     if n_rows:
         block_r, block_d = next_power_of_2(rank), next_power_of_2(rope_dim)
-        gluon = fp8 and gluon_store_usable(latent, rope, cache, config or _GLUON_FP8)
+        wanted = config or _GLUON_FP8  # the Gluon launch asked for, or the one the default would be
+        gluon = fp8 and wanted.lanes > 0 and gluon_store_usable(latent, rope, cache, wanted)
         config = config or store_config(n_rows, block_r + block_d, fp8, gluon)
         if config.lanes and gluon and _launch_gluon(latent, rope, cache, slots, scale, config):
             return cache, scale
