@@ -149,6 +149,26 @@ def graph_replay_ms(graph, replays: int = 30) -> float:
     return statistics.median(times[max(1, replays // 6):])
 
 
+def flushed_graph_ms(fn: Callable[[], object], calls: int = 10, replays: int = 20) -> float:
+    """Median GPU milliseconds of one call of ``fn`` with the L2 cache flushed before it and no
+    host time around it: a CUDA graph of ``calls`` pairs (the 256 MB write ``do_bench`` flushes
+    with, then ``fn``) and one of the flushes alone, each replayed ``replays`` times; their
+    difference per call. What an eager timing reads when the host keeps ahead of the GPU, on any
+    host. ``fn`` must be capturable (no host synchronization); it runs once first, uncaptured."""
+    flush = torch.empty(256 * 10**6, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    pairs, flushes = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(pairs):
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+    with torch.cuda.graph(flushes):
+        for _ in range(calls):
+            flush.zero_()
+    return max(0.0, graph_replay_ms(pairs, replays) - graph_replay_ms(flushes, replays)) / calls
+
+
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth() -> float:
     """Device copy bandwidth in bytes/s (2 GiB copied device to device, read plus write)."""
