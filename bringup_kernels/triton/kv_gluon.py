@@ -80,12 +80,12 @@ if gluon_reason() is None:
     def _store_fp8_kernel(latent_ptr, rope_ptr, slots_ptr, cache_ptr, scale_ptr, n_rows, stride_latent, stride_rope,
                           RANK: gl.constexpr, ROPE: gl.constexpr, ROWS: gl.constexpr, LANES: gl.constexpr,
                           PDL: gl.constexpr):
+        await_inputs(PDL)
         warps: gl.constexpr = gl.num_warps()
         latent_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // LANES, LANES], [warps, 1], [1, 0])
         rope_layout: gl.constexpr = gl.BlockedLayout([1, ROPE // 2 // LANES], [32 // LANES, LANES], [warps, 1], [1, 0])
         row_layout: gl.constexpr = gl.SliceLayout(1, latent_layout)
         rope_rows: gl.constexpr = gl.SliceLayout(1, rope_layout)
-        await_inputs(PDL)
         words = gl.arange(0, RANK // 2, layout=gl.SliceLayout(0, latent_layout))
         rope_words = gl.arange(0, ROPE // 2, layout=gl.SliceLayout(0, rope_layout))
         rows = gl.program_id(0).to(gl.int64) * ROWS + gl.arange(0, ROWS, layout=row_layout)
