@@ -140,12 +140,14 @@ def measure(args) -> list[Row]:
             gemm = harness.bf16_gemm_flops()
             throughput = f"{harness.tflop_s(flops, ms):.0f} TFLOP/s"
             ceiling = harness.percent(flops / (ms * 1e-3), gemm, f"cuBLAS bf16 {gemm / 1e12:.0f} TFLOP/s")
-            notes = (f"compute-bound (MQA over 128 heads); {harness.tb_s(nbytes, ms):.2f} TB/s; graph, L2 flushed: "
-                     f"{graph_ms:.3f} ms, {harness.tflop_s(flops, graph_ms):.0f} TFLOP/s")
+            graph = f"{harness.tflop_s(flops, graph_ms):.0f} TFLOP/s" if graph_ms > 0 else "-"
+            notes = f"compute-bound (MQA over 128 heads); {harness.tb_s(nbytes, ms):.2f} TB/s"
         else:
             throughput = f"{harness.tb_s(nbytes, ms):.2f} TB/s"
             ceiling = harness.percent(nbytes / (ms * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s")
-            notes = f"graph, L2 flushed: {graph_ms:.3f} ms, {100 * nbytes / (graph_ms * 1e-3) / copy:.0f}% of copy"
+            graph = harness.percent(nbytes / (graph_ms * 1e-3), copy, "copy") if graph_ms > 0 else "-"
+            notes = ""
+        notes += f"{'; ' if notes else ''}graph, L2 flushed: {graph_ms:.3f} ms, {graph}"
         rows.append(Row(label, shape, f"{ms:.3f} ms", throughput, ceiling, harness.speedup(ms, peer_ms, "torch reference"), notes))
         del call_args, kwargs
         torch.cuda.empty_cache()
