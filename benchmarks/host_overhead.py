@@ -1,6 +1,7 @@
 """The host's cost of one eager op call (registry dispatch, argument checks, launch) for the ops
 an eager step calls most: ``gemm.fp8_block``, ``quant.act_quant``, ``norm.rmsnorm`` and
-``attn.mla_decode``, at a decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
+``attn.mla_decode`` (over a bf16 and over an FP8 cache, whose kernel on Hopper is another), at a
+decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
 ``python -m benchmarks.host_overhead [--calls N] [--wrappers] [--profile] [--out FILE] [--no-write]``.
 
 Method: the op is called ``--calls`` times back to back with no synchronization, then once
@@ -114,6 +115,8 @@ def cases(device: str = "cuda") -> list[tuple[str, str, Callable[[], tuple[tuple
         ("quant.act_quant", "1x7168 bf16", lambda: ((torch.randn(1, 7168, device=device, dtype=bf16),), {})),
         ("norm.rmsnorm", "1x7168 bf16", rmsnorm),
         ("attn.mla_decode", "b1 h16 ctx1024 page64 bf16", lambda: decode_inputs(1, 16, 1024, page=64, dev=device)),
+        ("attn.mla_decode", "b1 h16 ctx1024 page64 fp8 cache",
+         lambda: decode_inputs(1, 16, 1024, fp8=True, page=64, dev=device)),
     ]
 
 

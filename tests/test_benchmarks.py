@@ -81,7 +81,9 @@ def test_host_overhead_wrappers_time_every_op_and_restore_the_kernels(capsys):
 
     kernels_before = (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel)
     rows = host_overhead.wrapper_rows(calls=3)
-    assert [r.benchmark.split()[2] for r in rows] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode"]
+    assert [r.benchmark.split()[2] for r in rows] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode",
+                                                      "attn.mla_decode"]
+    assert rows[-1].shape.endswith("fp8 cache") and not rows[-2].shape.endswith("fp8 cache")
     assert all(r.time.endswith(" us/call") and float(r.time.split()[0]) > 0 for r in rows)
     assert (gemm._fp8_gemm_kernel, norm._rmsnorm_kernel) == kernels_before
 
@@ -117,7 +119,8 @@ def test_host_overhead_profiles_each_wrapper_on_cpu_and_needs_a_gpu_for_the_laun
     assert host_overhead.main(["--wrappers", "--profile", "--calls", "3"]) == 0
     out = capsys.readouterr().out
     titles = [line for line in out.splitlines() if line.endswith("us/call under the profiler")]
-    assert [t.split()[0] for t in titles] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode"]
+    assert [t.split()[0] for t in titles] == ["gemm.fp8_block", "quant.act_quant", "norm.rmsnorm", "attn.mla_decode",
+                                              "attn.mla_decode"]
     assert "triton/gemm.py" in out and "triton/attn.py" in out  # the wrappers' own functions are listed
     if not torch.cuda.is_available():
         assert host_overhead.main(["--profile"]) == 0
