@@ -409,7 +409,8 @@ def test_gluon_fp8_store_writes_the_reference_bits():
 def test_gluon_fp8_store_falls_back_to_triton_once_it_fails(monkeypatch, capsys):
     """Where the Gluon store kernel may run but fails, the call runs the Triton kernel (the same
     bits), says so once, and the process offers the Gluon kernel no more. Here its launch is made
-    to fail; bf16 rows of an odd stride and other dtypes never ask for it."""
+    to fail. Rows of an odd stride or another dtype, and blocks short of their warps' rows, are
+    not the kernel's."""
     def failing_launch(*args, **kwargs):
         raise RuntimeError("PassManager::run failed")
 
@@ -427,9 +428,12 @@ def test_gluon_fp8_store_falls_back_to_triton_once_it_fails(monkeypatch, capsys)
     assert capsys.readouterr().err.count("kv.store: the Gluon kernel failed here (RuntimeError: PassManager::run "
                                          "failed); using the Triton kernel") == 1
     monkeypatch.undo()
+    supported = kv.kv_gluon.store_supported
+    assert supported(latent, k_rope, cache, 16, 4, 8)  # 64 + 16 channels over 8 lanes, 16 rows of 4 warps
     odd = randn(gen, 9, 81, dtype=torch.bfloat16)
-    assert not kv.kv_gluon.store_supported(odd[:, :64], odd[:, 64:80], cache, 8, 4, 16)  # odd stride, narrow rows
-    assert not kv.gluon_store_usable(latent.float(), k_rope.float(), cache)
+    assert not supported(odd[:, :64], odd[:, 64:80], cache, 16, 4, 8)  # an odd row stride
+    assert not supported(latent.float(), k_rope.float(), cache, 16, 4, 8)  # not bf16
+    assert not supported(latent, k_rope, cache, 8, 4, 8)  # fewer rows than the warps hold
 
 
 def test_store_accepts_strided_rows_and_rejects_a_missing_scale():

@@ -10,8 +10,9 @@ tensor-core dots of the cache's codes with both terms (32 columns: the 16 heads'
 then their remainders), summed; each row's scale then multiplies its score. The tensor cores
 accumulate FP8 products with fewer bits than fp32 (on an H200, 2.2e-3 of the largest output
 against the fp32 reference at 8192 tokens x 576 channels, the size of a bf16 rounding; this
-kernel's earlier fp16 dots 7e-5 on the same inputs). The values are widened to fp16 (exact) for out^T [512, 16] += codes^T @ p^T, a
-block's probabilities taken relative to its largest row scale, which becomes the accumulator's unit.
+kernel's earlier fp16 dots 7e-5 on the same inputs). The values are widened to fp16 (exact) for
+out^T [512, 16] += codes^T @ p^T, a block's probabilities taken relative to its largest row
+scale, which becomes the accumulator's unit.
 
 One program per 16 heads, split and sequence, of two warp-group partitions that share the
 query's tiles and take every other 64-row block of the split's range, each with its own code

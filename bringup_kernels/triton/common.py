@@ -130,14 +130,21 @@ def div_rows_rn(x, divisor, COMPILED: tl.constexpr):
     division, whose reciprocal runs on the quarter-rate XU pipe. Under the interpreter, whose numpy
     FMA would round twice, it is ``div_rn`` itself."""
     if COMPILED:
-        r = tl.math.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor)[:, None]
-        q = x * r
-        # Negated as products by -1 (a sign flip that folds into the FMA); Triton's unary minus is
-        # 0 - x, which would turn -0 into +0.
-        residual = tl.fma(q, divisor[:, None], x * -1.0)
-        return tl.fma(residual * -1.0, r, q)
+        return div_rows_by_recip(x, divisor, tl.math.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor))
     else:
         return tl.math.div_rn(x, divisor[:, None])
+
+
+@triton.jit
+def div_rows_by_recip(x, divisor, recip):
+    """The compiled :func:`div_rows_rn` given ``recip`` [rows], the correctly rounded
+    ``1 / divisor``: ``q = x * r``, then ``q - fma(q, d, -x) * r``. Elementwise only, so Gluon
+    kernels call it too."""
+    q = x * recip[:, None]
+    # Negated as products by -1 (a sign flip that folds into the FMA); Triton's unary minus is
+    # 0 - x, which would turn -0 into +0.
+    residual = tl.fma(q, divisor[:, None], x * -1.0)
+    return tl.fma(residual * -1.0, recip[:, None], q)
 
 
 @triton.jit

@@ -97,8 +97,7 @@ def store_candidates(n_rows: int, row_elems: int, fp8: bool, gluon: bool = False
               for blocks, stages in ((1, 1), (4, 2), (8, 3), (8, 4), (16, 3), (16, 4), (32, 4))]
     if fp8 and gluon:
         others += [StoreConfig(rows, warps, lanes=lanes) for rows in (4, 8, 16) for warps in (1, 2, 4)
-                   for lanes in (8, 16, 32) if rows // (warps * (32 // lanes)) in (1, 2)
-                   and rows % (warps * (32 // lanes)) == 0]
+                   for lanes in (8, 16, 32) if rows in (warps * 32 // lanes, 2 * warps * 32 // lanes)]
     return [default] + [c for c in others if c != default]
 
 

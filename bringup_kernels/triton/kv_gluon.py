@@ -26,7 +26,7 @@ import torch
 
 from ..ops.quant import AMAX_FLOOR, FP8_MAX
 from .attn_gluon import gluon_reason
-from .common import await_inputs, cdiv
+from .common import await_inputs, cdiv, div_rows_by_recip
 from .launch import direct
 
 if gluon_reason() is None:
@@ -59,20 +59,12 @@ if gluon_reason() is None:
         return gl.max(gl.max(gl.reshape(mags, [mags.shape[0], repeats, lanes, per_lane]), axis=3), axis=1)
 
     @gluon.jit
-    def _quotient(x, scale, recip):
-        """``x / scale`` per row correctly rounded, as ``div_rows_rn``: a product and Markstein's
-        correction (``recip`` the correctly rounded ``1 / scale``)."""
-        q = x * recip[:, None]
-        residual = gl.fma(q, scale[:, None], x * -1.0)
-        return gl.fma(residual * -1.0, recip[:, None], q)
-
-    @gluon.jit
     def _code_words(words, scale, recip):
         """uint16 words of two e4m3 codes (the even channel's in the low byte) of a word tile over
         its rows' ``scale``: each quotient rounded to nearest-even e4m3, saturating at +-448."""
         even, odd = _widen(words)
         return gl.inline_asm_elementwise("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,r,r",
-                                         [_quotient(even, scale, recip), _quotient(odd, scale, recip)],
+                                         [div_rows_by_recip(even, scale, recip), div_rows_by_recip(odd, scale, recip)],
                                          dtype=gl.uint16, is_pure=True, pack=1)
 
     @direct
