@@ -78,3 +78,16 @@ def test_the_diff_counts_the_fixed_run_and_shows_the_defaults(artifacts):
     assert "| stock-cpu | e2e | vllm | yes | float32 | 3/0/0 |" in section
     assert "| stock-cpu | e2e | vllm-defaults | no | float32 |" in section and "| real |" in section
     assert "VLLM_MLA_DISABLE: vLLM's MLA backends take only DeepSeek's latent size 512 + 64" in section
+
+
+def test_the_env_image_keeps_none_of_apts_downloads(artifacts):
+    """The env stage installs Debian packages in stock-cpu and commits the container: the packages
+    apt downloaded and its package lists are gone from the committed image (hundreds of MB per
+    commit otherwise)."""
+    env = json.loads((artifacts / "stock-cpu" / "env.json").read_text())
+    assert any(step["status"] == "applied" and step["detail"].startswith("installed ") for step in env["steps"]), env["steps"]
+    left = subprocess.run(["docker", "run", "--rm", env["image_ref"], "sh", "-c",
+                           "ls /var/cache/apt/archives/*.deb /var/lib/apt/lists/*_Packages* 2>/dev/null | wc -l"],
+                          capture_output=True, text=True, timeout=120)
+    assert (left.returncode, left.stdout.strip()) == (0, "0"), left.stdout + left.stderr
+

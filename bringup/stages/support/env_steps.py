@@ -61,9 +61,21 @@ def apt(packages: list[str], ctx: EnvContext) -> tuple[str, str]:
     if os.geteuid() != 0:
         raise StepError(f"cannot install {', '.join(missing)}: apt-get needs root")
     noninteractive = {"DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "update", "-q"], ctx, "apt-get update", noninteractive)
-    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], ctx, "apt-get install", noninteractive)
+    try:
+        _run(["apt-get", "update", "-q"], ctx, "apt-get update", noninteractive)
+        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], ctx, "apt-get install", noninteractive)
+    finally:
+        _drop_apt_caches()
     return APPLIED, f"installed {', '.join(missing)}"
+
+
+def _drop_apt_caches() -> None:
+    """Remove the downloaded packages and package lists an install leaves, as image builds do:
+    the env image committed after the steps would otherwise carry them (tens of MB a layer)."""
+    subprocess.run(["apt-get", "clean"], capture_output=True)
+    for lists in glob.glob("/var/lib/apt/lists/*"):
+        if os.path.isfile(lists):
+            os.remove(lists)
 
 
 def _dpkg_installed(package: str) -> bool:
