@@ -21,7 +21,9 @@ SM looping over tiles: the producer loads the next tile while the consumers stor
 ``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
 registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs), e.g.
 ``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows) or
-``gluon-ws+persistent+split4:128x128x4x8``.
+``gluon-ws+persistent+split4:128x128x4x8``; ``gluon-wide[+persistent]:128x192xSTAGES`` is the
+128 x 192 tile of :mod:`bringup_kernels.triton.gemm_gluon_wide` (two consumer partitions of 4
+warps and a producer, stored from registers).
 The bits check also compares the last shape in full.
 """
 
@@ -53,7 +55,8 @@ def shapes(rows: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 CONFIGS = ("gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store:128x128x5x8,"
            "gluon-ws+persistent+tma-store+two-consumers:128x128x4x4,"
-           "gluon-ws+persistent+tma-store+two-consumers:128x128x5x4,gluon-ws+tma-store+two-consumers:128x128x4x4")
+           "gluon-ws+persistent+tma-store+two-consumers:128x128x5x4,gluon-ws+tma-store+two-consumers:128x128x4x4,"
+           "gluon-wide+persistent:128x192x4")
 
 
 def triton_default_config(m: int, n: int, k: int):
@@ -80,6 +83,18 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain), 1)
     kind, *extras = kind.split("+")
     split = next((int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)), 1)
+
+    def triton_default(a, sa, b, sb):
+        config = triton_default_config(a.shape[0], b.shape[0], a.shape[1])
+        if split > 1:
+            config = replace(config, split_k=split, persistent=False)
+        return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
+
+    if kind == "gluon-wide" and set(extras) <= {"persistent"} and re.fullmatch(r"128x192x\d+", sizes):
+        stages = int(sizes.split("x")[2])
+        wide = gemm.Config(128, 192, 1, 4, stages, tma=True, persistent="persistent" in extras, gluon=True)
+        return (" ".join([kind, f"128x192 s{stages}", *extras]),
+                lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, wide), triton_default, 1)
     allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
     if split > 1:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
         allowed = {"persistent", f"split{split}"} if kind == "gluon-ws" else set()
@@ -96,16 +111,10 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
                                 tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1)
 
-        def triton_default(a, sa, b, sb):
-            config = triton_default_config(a.shape[0], b.shape[0], a.shape[1])
-            if split > 1:
-                config = replace(config, split_k=split, persistent=False)
-            return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
-
         return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, split
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
                      "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
-                     "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
+                     "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS or gluon-wide[+persistent]:128x192xSTAGES")
 
 
 def child(text: str, rows: tuple[int, ...]) -> None:

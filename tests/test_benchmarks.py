@@ -439,6 +439,13 @@ def test_a_k_split_candidate_is_checked_against_the_triton_tiles_with_the_same_s
     baseline(a, None, b, None)
     assert k_split == 4 and [(c.split_k, c.gluon, c.persistent) for c in launched] == [(4, True, True), (4, False, False)]
     assert gemm_prefill.candidate("gluon-ws+persistent+tma-store:128x128x4x8")[3] == 1
+    launched.clear()
+    label, run, baseline, k_split = gemm_prefill.candidate("gluon-wide+persistent:128x192x5")
+    run(a, None, b, None)
+    baseline(a, None, b, None)
+    assert (label, k_split) == ("gluon-wide 128x192 s5 persistent", 1)
+    assert [(c.block_m, c.block_n, c.num_warps, c.num_stages, c.gluon, c.persistent) for c in launched] == [
+        (128, 192, 4, 5, True, True), (128, 128, 8, 4, False, True)]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -446,7 +453,9 @@ def test_a_k_split_candidate_is_checked_against_the_triton_tiles_with_the_same_s
     (["--configs", "gluon+two-consumers:128x128x4x4"], "'gluon+two-consumers:128x128x4x4' is not"),
     (["--configs", "gluon-ws+fast:128x128x4x8"], "'gluon-ws+fast:128x128x4x8' is not"),
     (["--configs", "gluon-ws+split2+tma-store:128x128x4x8"], "'gluon-ws+split2+tma-store:128x128x4x8' is not"),
-    (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not")])
+    (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not"),
+    (["--configs", "gluon-wide:128x128x4"], "'gluon-wide:128x128x4' is not"),
+    (["--configs", "gluon-wide+tma-store:128x192x4"], "'gluon-wide+tma-store:128x192x4' is not")])
 def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, message, capsys):
     """Two consumer partitions and K splits need the producer partition (gluon-ws), K splits store
     from registers; unknown options and rows are refused before any child process starts."""

@@ -234,11 +234,12 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
     without a producer partition, one program per tile or a few looping over the tiles,
     storing from registers or by TMA, with one consumer partition or two, with or without K splits,
-    computes the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
+    and the 128 x 192 tiles, compute the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
     tiles benchmarks.gemm_prefill times."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+    from bringup_kernels.triton.gemm_gluon_wide import launch_wide
 
     if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
@@ -264,6 +265,10 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                 launch_gluon(a, sa, b, sb, out, bm, bn, 4, 4, warp_specialize=True, programs=programs,
                              tma_store=True, consumers=2)
                 assert torch.equal(out, expected), (m, n, k, bm, bn, programs, "two consumers", out_dtype)
+            for programs in (None, 2):  # 128 x 192 tiles (a 64-column part first at odd column tiles)
+                out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
+                launch_wide(a, sa, b, sb, out, 4, programs=programs)
+                assert torch.equal(out, expected), (m, n, k, "128 x 192", programs, out_dtype)
             for split in (s for s in (2, 3, 5) if (k // 128) % s == 0):  # K splits: fp32 shares, summed alike
                 expected_split = gemm.launch(a, sa, b, sb, out_dtype, replace(triton_tiles, split_k=split))
                 for tiles in (replace(triton_tiles, split_k=split, persistent=True, gluon=True),
@@ -284,6 +289,20 @@ def test_gluon_k_splits_need_a_dividing_count_and_an_fp32_buffer_of_shares():
     with pytest.raises(ValueError, match=r"its out a contiguous fp32 \[2, 64, 128\]; got \(64, 128\) torch.bfloat16"):
         launch_gluon(a, sa, b, sb, torch.empty(64, 128, dtype=torch.bfloat16), 64, 128, 4, 4, warp_specialize=True,
                      split_k=2)
+
+
+def test_the_192_column_tiles_refuse_an_output_they_cannot_write():
+    """Checked before anything is launched (so here, without a GPU, too)."""
+    from bringup_kernels.triton.gemm_gluon import gluon_reason
+    from bringup_kernels.triton.gemm_gluon_wide import launch_wide
+
+    if gluon_reason():
+        pytest.skip(gluon_reason())
+    a, b = torch.empty(64, 768, dtype=torch.float8_e4m3fn), torch.empty(200, 768, dtype=torch.float8_e4m3fn)
+    sa, sb = torch.empty(64, 6), torch.empty(2, 6)
+    for out in (torch.empty(64, 192), torch.empty(200, 64).t()):
+        with pytest.raises(ValueError, match=r"write an \[64, 200\] output with unit column stride"):
+            launch_wide(a, sa, b, sb, out, 4)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):

@@ -50,6 +50,7 @@ from ..backend_env import interpret_mode, tuning_enabled
 from ..ops.quant import BLOCK, FP8
 from .common import await_inputs, cdiv, compiled_for_gpu, cuda_major, give_up, next_power_of_2, num_sms, round_to_dtype
 from .gemm_gluon import gluon_reason, launch_gluon
+from .gemm_gluon_wide import WIDE_M, WIDE_N, launch_wide
 from .launch import direct
 from .tuning import time_candidates
 
@@ -389,9 +390,16 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
     if config.gluon:
         if not (config.tma and has_gluon(a.device)):
             raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU and TMA")
+        programs = num_sms(a.device) if config.persistent else None
+        if config.block_n == WIDE_N:
+            if (config.block_m, config.num_warps, split) != (WIDE_M, 4, 1):
+                raise ValueError(f"gemm.fp8_block: {config}: {WIDE_N}-column Gluon tiles are {WIDE_M} rows, "
+                                 "two consumer partitions of 4 warps, without a K split")
+            launch_wide(a, a_scale, b, b_scale, target, config.num_stages, config.group_m, programs)
+            return out
         launch_gluon(a, a_scale, b, b_scale, target, config.block_m, config.block_n, config.num_stages,
                      config.num_warps, warp_specialize=True, group_m=config.group_m,
-                     programs=num_sms(a.device) if config.persistent else None, tma_store=True, split_k=split)
+                     programs=programs, tma_store=True, split_k=split)
     else:
         _launch_triton(a, a_scale, b, b_scale, target, config)
     if split > 1:

@@ -78,6 +78,24 @@ if _IMPORT_ERROR is None:
         return first_m + (tile % (GROUP_M * tiles_n)) % group_rows, (tile % (GROUP_M * tiles_n)) // group_rows
 
     @gluon.jit
+    def _stage_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The ring's barriers, initialized: per stage ``ready`` (one arrival, the producer's, with
+        the stage's bytes expected) and ``empty`` (one arrival per consumer partition)."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)
+        return ready, empty
+
+    @gluon.jit
+    def _invalidate(ready, empty, STAGES: gl.constexpr):
+        """The ring's barriers, done with."""
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
+
+    @gluon.jit
     def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, kb, pid_m, pid_n, STAGES: gl.constexpr):
         """TMA of K block ``kb``'s A and B tiles into stage ``it % STAGES`` (``it`` counts the blocks
         this program has loaded, over all its tiles), completing the stage's barrier."""
@@ -229,11 +247,7 @@ if _IMPORT_ERROR is None:
                                                       instr_shape=[16, BLOCK_N, 32])
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, _BLOCK_K], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=CONSUMERS)
+        ready, empty = _stage_barriers(STAGES, CONSUMERS)
         if TMA_STORE:
             c_smem = gl.allocate_shared_memory(c_out.dtype, [CONSUMERS, BLOCK_M // CONSUMERS, BLOCK_N], c_out.layout)
         else:
@@ -259,9 +273,7 @@ if _IMPORT_ERROR is None:
             _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
                      stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES, SPLITS, WS, TMA_STORE,
                      CONSUMERS, _FIRST, mma)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
-            mbarrier.invalidate(empty.index(s))
+        _invalidate(ready, empty, STAGES)
 
 
 @functools.lru_cache(maxsize=64)
