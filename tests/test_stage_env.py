@@ -271,6 +271,34 @@ def test_apt_leaves_installed_packages_alone():
     assert status == UNCHANGED and "dpkg" in detail
 
 
+@pytest.mark.parametrize("image_layer", [False, True])
+@pytest.mark.parametrize("install_fails", [False, True])
+def test_apt_drops_its_downloads_only_where_they_would_become_an_image_layer(monkeypatch, image_layer, install_fails):
+    """In a container about to be committed (or an image build) the packages apt downloaded and its
+    lists go, whether or not the install worked; on a host they are the owner's and stay."""
+    from bringup.stages.support import env_steps
+
+    ran, dropped = [], []
+
+    def run(argv, ctx, what, env=None):
+        ran.append(argv[:2])
+        if install_fails and argv[1] == "install":
+            raise env_steps.StepError(f"{what}: apt-get exited with 100")
+
+    monkeypatch.setattr(env_steps, "_dpkg_installed", lambda package: False)
+    monkeypatch.setattr(env_steps.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(env_steps.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(env_steps, "_run", run)
+    monkeypatch.setattr(env_steps, "drop_apt_downloads", lambda: dropped.append(True))
+    ctx = EnvContext(python=sys.executable, image_layer=image_layer)
+    if install_fails:
+        with pytest.raises(env_steps.StepError, match="apt-get install"):
+            env_steps.apt(["libnuma1"], ctx)
+    else:
+        assert env_steps.apt(["libnuma1"], ctx) == (APPLIED, "installed libnuma1")
+    assert ran == [["apt-get", "update"], ["apt-get", "install"]] and dropped == ([True] if image_layer else [])
+
+
 def test_guard_fails_on_a_change_unless_pinned():
     before = {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.9"}
     assert _guard(before, dict(before), {})["status"] == "passed"

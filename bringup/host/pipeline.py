@@ -180,7 +180,7 @@ class Pipeline:
         return {"stage": stage, "image": image.name, "run_id": run_id, "inputs_hash": digest, "out": str(out),
                 "expect": image.expect, "recipes": [r.to_spec(exported=exported) for r in recipes],
                 "world_size": self._world_size(image), "e2e_prompts": image.e2e_prompts, "ab_ops": image.ab_ops,
-                "owner_pipe": True,
+                "owner_pipe": True, "image_layer": stage == "env" and image.runner != "local",
                 **{k: str(getattr(image, k)) for k in MODEL_FIELDS if getattr(image, k) is not None}, "peer": image.peer,
                 "near_tie_margin": diff.near_tie_margin, "replay": image.replay,
                 "tolerance": {"layer": diff.layer_tolerance, "logprob": diff.logprob_tolerance},

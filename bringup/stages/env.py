@@ -20,7 +20,7 @@ GUARDED = ("torch", "triton", "nccl")
 
 
 def run(spec: dict[str, Any], out: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    ctx = EnvContext(python=sys.executable)
+    ctx = EnvContext(python=sys.executable, image_layer=spec.get("image_layer", False))
     before = probe_versions(ctx.python)
     print(f"[env] {spec['image']}: " + _describe(components(before)), flush=True)
     steps, failed = [], False

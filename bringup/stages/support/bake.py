@@ -21,7 +21,7 @@ NCCL_DISTS = "nvidia-nccl-cu"
 
 def bake(plan: dict) -> list[str]:
     """Apply the plan's steps; the problems (empty when the image is as the recipes want)."""
-    ctx = EnvContext(python=sys.executable)
+    ctx = EnvContext(python=sys.executable, image_layer=True)
     before = layers.snapshot(ctx.python)
     for recipe in plan["recipes"]:
         for step in recipe["steps"]:

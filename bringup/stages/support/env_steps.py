@@ -39,11 +39,14 @@ class StepError(Exception):
 @dataclass
 class EnvContext:
     """What steps change for the stages after env: the interpreter, exported variables, and
-    the component versions a step pins on purpose (the guard accepts exactly those)."""
+    the component versions a step pins on purpose (the guard accepts exactly those).
+    ``image_layer``: the steps' changes become an image layer (the env stage's container is
+    committed, or an image is being built), so what an install downloads is removed after it."""
 
     python: str
     exports: dict[str, str] = field(default_factory=dict)
     declared: dict[str, str] = field(default_factory=dict)
+    image_layer: bool = False
 
 
 def _run(argv: list[str], ctx: EnvContext, what: str, env: dict[str, str] | None = None) -> None:
@@ -65,13 +68,15 @@ def apt(packages: list[str], ctx: EnvContext) -> tuple[str, str]:
         _run(["apt-get", "update", "-q"], ctx, "apt-get update", noninteractive)
         _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], ctx, "apt-get install", noninteractive)
     finally:
-        _drop_apt_caches()
+        if ctx.image_layer:
+            drop_apt_downloads()
     return APPLIED, f"installed {', '.join(missing)}"
 
 
-def _drop_apt_caches() -> None:
+def drop_apt_downloads() -> None:
     """Remove the downloaded packages and package lists an install leaves, as image builds do:
-    the env image committed after the steps would otherwise carry them (tens of MB a layer)."""
+    an image layer would otherwise carry them (about 100 MB for a compiler). Never on a host,
+    whose package lists are its owner's."""
     subprocess.run(["apt-get", "clean"], capture_output=True)
     for lists in glob.glob("/var/lib/apt/lists/*"):
         if os.path.isfile(lists):
