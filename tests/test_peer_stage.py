@@ -82,8 +82,8 @@ def test_the_diff_counts_the_fixed_run_and_shows_the_defaults(artifacts):
 
 def test_the_env_image_keeps_none_of_apts_downloads(artifacts):
     """The env stage installs Debian packages in stock-cpu and commits the container: the packages
-    apt downloaded and its package lists are gone from the committed image (hundreds of MB per
-    commit otherwise)."""
+    apt downloaded and its package lists are gone from the committed image (about 250 MB of its
+    layer otherwise)."""
     env = json.loads((artifacts / "stock-cpu" / "env.json").read_text())
     assert any(step["status"] == "applied" and step["detail"].startswith("installed ") for step in env["steps"]), env["steps"]
     left = subprocess.run(["docker", "run", "--rm", env["image_ref"], "sh", "-c",

@@ -75,8 +75,8 @@ def apt(packages: list[str], ctx: EnvContext) -> tuple[str, str]:
 
 def drop_apt_downloads() -> None:
     """Remove the downloaded packages and package lists an install leaves, as image builds do:
-    an image layer would otherwise carry them (about 100 MB for a compiler). Never on a host,
-    whose package lists are its owner's."""
+    an image layer would otherwise carry them (the CPU stand-ins' env layer: 401 MB with them
+    gone, 654 MB with them). Never on a host, whose package lists are its owner's."""
     subprocess.run(["apt-get", "clean"], capture_output=True)
     for lists in glob.glob("/var/lib/apt/lists/*"):
         if os.path.isfile(lists):
