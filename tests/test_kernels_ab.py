@@ -305,6 +305,18 @@ def test_the_192_column_tiles_refuse_an_output_they_cannot_write():
             launch_wide(a, sa, b, sb, out, 4)
 
 
+@pytest.mark.parametrize("block_m, split, warps", [(128, 2, 4), (64, 1, 4), (128, 1, 8)])
+def test_the_192_column_tiles_are_128_rows_of_two_4_warp_consumers_without_a_k_split(monkeypatch, block_m, split, warps):
+    from bringup_kernels.triton import gemm
+
+    config = gemm.Config(block_m, 192, split, warps, 4, tma=True, gluon=True)
+    monkeypatch.setattr(gemm, "has_gluon", lambda device: True)
+    monkeypatch.setattr(gemm, "tma_usable", lambda a, b: True)
+    a, b = torch.empty(64, 768, dtype=torch.float8_e4m3fn), torch.empty(200, 768, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="192-column Gluon tiles are 128 rows, two consumer partitions of 4 warps"):
+        gemm.launch(a, torch.empty(64, 6), b, torch.empty(2, 6), torch.bfloat16, config)
+
+
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
     from triton.runtime.errors import OutOfResources
 
