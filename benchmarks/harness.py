@@ -151,21 +151,24 @@ def graph_replay_ms(graph, replays: int = 30) -> float:
 
 def flushed_graph_ms(fn: Callable[[], object], calls: int = 10, replays: int = 20) -> float:
     """Median GPU milliseconds of one call of ``fn`` with the L2 cache flushed before it and no
-    host time around it: a CUDA graph of ``calls`` pairs (the 256 MB write ``do_bench`` flushes
-    with, then ``fn``) and one of the flushes alone, each replayed ``replays`` times; their
-    difference per call. What an eager timing reads when the host keeps ahead of the GPU, on any
-    host. ``fn`` must be capturable (no host synchronization); it runs once first, uncaptured."""
-    flush = torch.empty(256 * 10**6, dtype=torch.int8, device="cuda")
+    host time around it: a CUDA graph of ``calls`` pairs (``do_bench``'s own flush of the L2,
+    then ``fn``) and one of the flushes alone, each replayed ``replays`` times; their difference
+    per call. What an eager timing reads when the host keeps ahead of the GPU, on any host.
+    ``fn`` must be capturable (no host synchronization); it runs once first, uncaptured."""
+    from triton.runtime import driver
+
+    device = driver.active
+    flush = device.get_empty_cache_for_benchmark()
     fn()
     torch.cuda.synchronize()
     pairs, flushes = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(pairs):
         for _ in range(calls):
-            flush.zero_()
+            device.clear_cache(flush)
             fn()
     with torch.cuda.graph(flushes):
         for _ in range(calls):
-            flush.zero_()
+            device.clear_cache(flush)
     return max(0.0, graph_replay_ms(pairs, replays) - graph_replay_ms(flushes, replays)) / calls
 
 
