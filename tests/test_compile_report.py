@@ -55,7 +55,6 @@ from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
 if gluon_reason():
     print(json.dumps({"skip": gluon_reason()}))
     raise SystemExit(0)
-from bringup_kernels.triton.gemm_gluon_wide import launch_wide
 m, n, k = 4096, 2112, 7168
 a, b = torch.empty(m, k, dtype=torch.float8_e4m3fn), torch.empty(n, k, dtype=torch.float8_e4m3fn)
 sa, sb = torch.empty(m, k // 128), torch.empty(-(-n // 128), k // 128)
@@ -66,7 +65,8 @@ with compiling_for(90) as recorder:
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
     a, sa = a[:128], sa[:128]  # 128 rows: four K shares per tile, fp32 partials
     launch_gluon(a, sa, b, sb, torch.empty(4, 128, n), 128, 128, 4, 8, warp_specialize=True, programs=132, split_k=4)
-    launch_wide(a, sa, b, sb, out[:128], 4, programs=132)  # 128 x 192 tiles
+    launch_gluon(a, sa, b, sb, out[:128], 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True,
+                 split_k=2, fixup=True)  # the split tiles' shares summed in the kernel
 print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.registers, r.threads, r.error]
                   for r in recorder.records]))
 """
@@ -89,11 +89,10 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
     engine's tile (producer partition, one program per SM, TMA stores), the same with two
-    consumer partitions, a tile without a producer, the engine's tile with K splits, and the
-    128 x 192 tiles (each partition's two MMAs asynchronous, the narrow one running while the wide
-    one is scaled in)."""
+    consumer partitions, a tile without a producer, the engine's tile with K splits summed by the
+    caller, and with the split tiles' shares summed in the kernel."""
     records = compiled_records(GLUON_SCRIPT)
-    assert [r[0] for r in records] == ["_fp8_gemm_gluon_kernel"] * 4 + ["_fp8_gemm_wide_kernel"], records
+    assert [r[0] for r in records] == ["_fp8_gemm_gluon_kernel"] * 5, records
     for kernel, mma, pipelined, spills, registers, threads, error in records:
         assert (mma, pipelined, spills, error) == ("wgmma, async", "TMA", 0, ""), records
         assert registers * threads <= 65536  # else the driver refuses the launch
