@@ -7,7 +7,7 @@ and the per-K-block scaling) and the Gluon kernel of :mod:`bringup_kernels.trito
 
 Each candidate runs alone in a child process under ``--limit`` seconds (a launch that never
 returns is reported as such, not waited for): its time at each shape, then its bits on a ragged
-300 x 200 x 512 problem (K 512 per share with a K split) against the engine's Triton kernel (the
+300 x 200 x 384 problem (K 384 per share with a K split) against the engine's Triton kernel (the
 same tile without specialization, or the Triton tiles' default for Gluon, with the same K split)
 and its error against the reference. The
 parent times the Triton tiles' default configuration and, where eligible, DeepGEMM on the same
@@ -17,13 +17,11 @@ those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon k
 producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
 SM looping over tiles: the producer loads the next tile while the consumers store the last) and
 ``+tma-store`` (each tile written through shared memory by TMA), and with ``gluon-ws``
-``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows),
+``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows) or
 ``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
-registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs) and,
-with ``+persistent``, ``+fixup`` (only the tiles past the last whole round split, S shares, or
-with no ``+splitS`` the engine's choice per shape, summed in the kernel by the last share to
-finish), e.g. ``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows),
-``gluon-ws+persistent+split4:128x128x4x8`` or ``gluon-ws+persistent+fixup:64x128x4x4``.
+registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs), e.g.
+``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows) or
+``gluon-ws+persistent+split4:128x128x4x8``.
 The bits check also compares the last shape in full.
 """
 
@@ -82,42 +80,30 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
                 lambda a, sa, b, sb: gemm.launch(a, sa, b, sb, torch.bfloat16, plain), 1)
     kind, *extras = kind.split("+")
     split = next((int(e[5:]) for e in extras if re.fullmatch(r"split[2-9]", e)), 1)
-    auto = "fixup" in extras and split == 1  # the engine's split per shape; 2 on the bits check's problem
-    check_split = 2 if auto else split
 
     def triton_default(a, sa, b, sb):
         config = triton_default_config(a.shape[0], b.shape[0], a.shape[1])
-        if check_split > 1:
-            config = replace(config, split_k=check_split, persistent=False)
+        if split > 1:
+            config = replace(config, split_k=split, persistent=False)
         return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
 
     allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
-    if split > 1 or "fixup" in extras:  # through gemm.launch: fp32 shares, then the Triton kernels' sum or the kernel's
-        allowed = {"persistent", f"split{split}", "fixup"} if kind == "gluon-ws" else set()
-    if "fixup" in extras and "persistent" not in extras:
-        allowed = set()
+    if split > 1:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
+        allowed = {"persistent", f"split{split}"} if kind == "gluon-ws" else set()
     if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
         bm, bn, stages, warps = (int(v) for v in sizes.split("x"))
 
-        def shares(a, b):
-            """The K split of this call: the candidate's, or with ``fixup`` alone the engine's choice."""
-            if not auto:
-                return split
-            tiles = -(-a.shape[0] // bm) * -(-b.shape[0] // bn)
-            return gemm.tail_split(tiles, a.shape[1] // gemm.BLOCK, gemm.num_sms(a.device))
-
         def run(a, sa, b, sb):
-            if split > 1 or "fixup" in extras:
-                s = shares(a, b)
-                return gemm.launch(a, sa, b, sb, torch.bfloat16,
-                                   gemm.Config(bm, bn, s, warps, stages, tma=True, gluon=True,
-                                               persistent="persistent" in extras, fixup="fixup" in extras and s > 1))
+            if split > 1:
+                return gemm.launch(a, sa, b, sb, torch.bfloat16, gemm.Config(bm, bn, split, warps, stages, tma=True,
+                                                                             persistent="persistent" in extras,
+                                                                             gluon=True))
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
                                 tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1)
 
-        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, check_split
+        return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, split
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
                      "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
                      "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
@@ -125,7 +111,7 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
 
 def child(text: str, rows: tuple[int, ...]) -> None:
     """Print, as JSON lines: ms per shape, then the bits check, of candidate ``text`` (on the last
-    shape and a ragged 300 x 200 problem, 4 K blocks per share)."""
+    shape and a ragged 300 x 200 problem, 3 K blocks per share)."""
     from bringup_kernels.ops.gemm import fp8_block_reference
 
     _, run, baseline, k_split = candidate(text)
@@ -134,12 +120,11 @@ def child(text: str, rows: tuple[int, ...]) -> None:
         ms = harness.median_ms(lambda: run(a, sa, b, sb), graph=m <= 128)
         print(json.dumps({"shape": [m, n, k], "ms": ms}), flush=True)
     full, full_ref = run(a, sa, b, sb), baseline(a, sa, b, sb)  # the last shape, every program's tiles
-    a, sa, b, sb = operands(300, 200, 512 * k_split)  # 4 K blocks per share
+    a, sa, b, sb = operands(300, 200, 384 * k_split)  # 3 K blocks per share
     out, ref = run(a, sa, b, sb), baseline(a, sa, b, sb)
     exact = fp8_block_reference(a, sa, b, sb, torch.bfloat16).float()
     torch.cuda.synchronize()
-    mixed = "fixup" in text  # only the last round's tiles split: the full shape has both tiles' bits
-    print(json.dumps({"equal": (mixed or torch.equal(full, full_ref)) and torch.equal(out, ref),
+    print(json.dumps({"equal": torch.equal(full, full_ref) and torch.equal(out, ref),
                       "max_abs": max((full.float() - full_ref.float()).abs().max().item(),
                                      (out.float() - ref.float()).abs().max().item()),
                       "ref_abs": (out.float() - exact).abs().max().item(), "ref_max": exact.abs().max().item()}), flush=True)

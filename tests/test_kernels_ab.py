@@ -233,9 +233,9 @@ def test_gemm_tiles_through_tma_give_the_pointer_loads_bits(monkeypatch):
 def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     """The Gluon kernel (each K block's product issued one block ahead of its scaling), with and
     without a producer partition, one program per tile or a few looping over the tiles,
-    storing from registers or by TMA, with one consumer partition or two, with or without K splits
-    (summed by the caller or in the kernel), compute the Triton kernel's sums in the same order: the
-    same bits, on M and N tails, for the tiles benchmarks.gemm_prefill times."""
+    storing from registers or by TMA, with one consumer partition or two, with or without K splits,
+    compute the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
+    tiles benchmarks.gemm_prefill times."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
@@ -269,42 +269,6 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                 for tiles in (replace(triton_tiles, split_k=split, persistent=True, gluon=True),
                               gemm.Config(64, 128, split, 4, 4, tma=True, gluon=True)):
                     assert torch.equal(gemm.launch(a, sa, b, sb, out_dtype, tiles), expected_split), (m, n, k, tiles)
-                _check_fixup(a, sa, b, sb, out_dtype, split, expected, expected_split)
-
-
-def _last_round_tiles(m: int, n: int, programs: int, block: int = 128, group_m: int = 8) -> torch.Tensor:
-    """[m, n] True on the tiles past the last whole round of ``programs`` (all of them when there
-    are fewer), the tiles numbered in grouped order (``group_m`` row tiles per group): the tiles
-    the in-kernel fixup splits."""
-    tiles_m, tiles_n = -(-m // block), -(-n // block)
-    tiles = tiles_m * tiles_n
-    split = torch.zeros(m, n, dtype=torch.bool)
-    for tile in range(tiles - tiles % programs, tiles):
-        group, within = divmod(tile, group_m * tiles_n)
-        rows_in_group = min(tiles_m - group * group_m, group_m)
-        pid_m, pid_n = group * group_m + within % rows_in_group, within // rows_in_group
-        split[pid_m * block:(pid_m + 1) * block, pid_n * block:(pid_n + 1) * block] = True
-    return split.to(DEVICE)
-
-
-def _check_fixup(a, sa, b, sb, out_dtype, split, expected, expected_split) -> None:
-    """The Gluon tiles with ``split`` K shares summed in the kernel: the split tiles have the bits
-    of the Triton tiles with that split, the others those without one; twice in a row (the
-    arrival counters are back at 0 after each launch)."""
-    from bringup_kernels.triton import gemm
-    from bringup_kernels.triton.gemm_gluon import launch_gluon
-
-    m, n = a.shape[0], b.shape[0]
-    for programs in (4, 7, 132):  # a partial last round, all tiles split, or (20 tiles) none or the last 6
-        want = torch.where(_last_round_tiles(m, n, programs), expected_split, expected)
-        for consumers, warps in ((1, 8), (2, 4)):
-            for _ in range(2):
-                out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
-                launch_gluon(a, sa, b, sb, out, 128, 128, 4, warps, warp_specialize=True, programs=programs,
-                             tma_store=True, consumers=consumers, split_k=split, fixup=True)
-                assert torch.equal(out, want), (m, n, split, programs, consumers, out_dtype)
-    tiles = gemm.Config(128, 128, split, 8, 4, tma=True, persistent=True, gluon=True, fixup=True)
-    assert torch.equal(gemm.launch(a, sa, b, sb, out_dtype, tiles), expected_split)  # fewer tiles than SMs
 
 
 def test_gluon_k_splits_need_a_dividing_count_and_an_fp32_buffer_of_shares():
@@ -368,13 +332,11 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     wide = gemm.candidates(128, 24576, 1536, 132, tma=True, gluon=True)  # 192 tiles of 128 x 128: a wave
     assert wide[0].gluon and wide[0].persistent and not any(c.gluon for c in wide[1:])
     # 33 to 128 rows: 64 x 128 tiles with the K split that fills the SMs (64 tiles x 2 here), then
-    # 128 x 128 with theirs (32 x 4), both summed in the kernel from 65 rows, by the caller below;
-    # none where neither is needed (192 tiles of 64 x 128 at 64 rows), nor for narrow outputs from 65 rows
+    # 128 x 128 with theirs; none where neither is needed (192 tiles of 64 x 128 at 64 rows), nor for
+    # narrow outputs from 65 rows
     narrow, wide_split = gemm.candidates(128, 4096, 7168, 132, tma=True, gluon=True)[:2]
     assert (narrow.block_m, narrow.split_k, wide_split.block_m, wide_split.split_k) == (64, 2, 128, 4)
-    assert narrow.gluon and narrow.persistent and wide_split.gluon and narrow.fixup and wide_split.fixup
-    assert [(c.block_m, c.split_k, c.fixup) for c in gemm.candidates(64, 4096, 7168, 132, tma=True, gluon=True)[:1]] == [
-        (64, 4, False)]
+    assert narrow.gluon and narrow.persistent and wide_split.gluon
     assert gemm.candidates(64, 7168, 16384, 132, tma=True, gluon=True)[0].gluon
     assert not any(c.gluon for c in gemm.candidates(64, 24576, 1536, 132, tma=True, gluon=True))
     assert not any(c.gluon for c in gemm.candidates(32, 4096, 7168, 132, tma=True, gluon=True))
@@ -406,40 +368,6 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     assert not gemm.choose_config(a, sa, b, sb, torch.bfloat16).gluon
     gemm.fp8_block(a, sa, b, sb)
     assert "Gluon tiles failed" not in capsys.readouterr().err, "said once"
-
-
-def test_the_last_rounds_tiles_split_into_the_most_shares_that_fit_the_programs_left():
-    from bringup_kernels.triton.gemm import tail_split
-
-    assert tail_split(192, 12, 132) == 2  # 60 tiles past one round: 120 shares of 6 K blocks
-    assert tail_split(544, 56, 132) == 8  # 16 tiles past four rounds: 8 shares of 7 K blocks
-    assert tail_split(17, 56, 132) == 7  # fewer tiles than programs: every tile split
-    assert tail_split(32, 12, 132) == 3  # at least 4 K blocks a share
-    assert tail_split(264, 56, 132) == tail_split(6144, 1536 // 128, 132) == 1  # whole rounds; 72 left: none fits
-
-
-def test_kernel_summed_k_shares_need_the_persistent_gluon_tiles_and_a_split(monkeypatch):
-    """Checked before anything is launched (so here, without a GPU, too)."""
-    from bringup_kernels.triton import gemm
-    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
-
-    monkeypatch.setattr(gemm, "tma_usable", lambda a, b: True)
-    monkeypatch.setattr(gemm, "has_gluon", lambda device: True)
-    a, b = torch.empty(64, 768, dtype=torch.float8_e4m3fn), torch.empty(128, 768, dtype=torch.float8_e4m3fn)
-    sa, sb = torch.empty(64, 6), torch.empty(1, 6)
-    for config in (gemm.Config(64, 128, 2, 4, 4, tma=True, gluon=True, fixup=True),
-                   gemm.Config(64, 128, 1, 4, 4, tma=True, persistent=True, gluon=True, fixup=True),
-                   gemm.Config(64, 128, 2, 4, 4, tma=True, persistent=True, fixup=True)):
-        with pytest.raises(ValueError, match="summing K shares in the kernel needs the persistent Gluon tiles and a K split"):
-            gemm.launch(a, sa, b, sb, torch.bfloat16, config)
-    if gluon_reason():
-        return
-    out = torch.empty(64, 128, dtype=torch.bfloat16)
-    for split, programs in ((1, 132), (2, None)):
-        with pytest.raises(ValueError, match=f"needs split_k > 1 and a program count; got split_k={split}, "
-                                             f"programs={programs}"):
-            launch_gluon(a, sa, b, sb, out, 64, 128, 4, 4, warp_specialize=True, programs=programs, split_k=split,
-                         fixup=True)
 
 
 def test_gemm_rejects_a_split_that_does_not_divide_k():

@@ -4,8 +4,7 @@ Each program computes a BLOCK_M x BLOCK_N tile over 128-wide K blocks (the scale
 ``tl.dot`` of the fp8 tiles gives the block's partial product, which is scaled by
 ``sa[m, kb] * sb[n // 128, kb]`` and added to an fp32 accumulator. Small-M calls may split K
 across programs; the partial tiles then go to an fp32 workspace that a second kernel sums in a
-fixed order (or, for the Gluon tiles from 65 rows, the last share of a tile to finish sums them
-in the same order), so for a given configuration results never depend on scheduling.
+fixed order, so for a given configuration results never depend on scheduling.
 
 Most default configurations (prefill, decode up to 64 rows, most 128-row shapes) load the A and
 B tiles through TMA tensor descriptors where the device has TMA (compute capability 9.x and
@@ -73,14 +72,12 @@ class Config:
     persistent: bool = False  # with tma and no K split (Gluon: with one too): one program per SM loops over the tiles
     warp_specialize: bool = False  # with tma: the K loop split into a TMA producer and MMA consumers
     gluon: bool = False  # the Gluon kernel (gemm_gluon.py): producer partition, TMA stores; prefill on Hopper
-    fixup: bool = False  # Gluon, persistent, K split: only the last round's tiles split, their shares summed in-kernel
 
     def label(self) -> str:
         """Short form for tables: ``128x128 split1 w8 s4 tma``."""
         return (f"{self.block_m}x{self.block_n} split{self.split_k} w{self.num_warps} s{self.num_stages}"
                 + (" tma" if self.tma else "") + (" persistent" if self.persistent else "")
-                + (" ws" if self.warp_specialize else "") + (" gluon" if self.gluon else "")
-                + (" fixup" if self.fixup else ""))
+                + (" ws" if self.warp_specialize else "") + (" gluon" if self.gluon else ""))
 
 
 @triton.jit
@@ -256,18 +253,6 @@ def _split_for(tiles: int, k_blocks: int, num_sms: int) -> int:
     return split
 
 
-def tail_split(tiles: int, k_blocks: int, programs: int) -> int:
-    """K shares (a divisor of ``k_blocks``, at most 8, at least 4 K blocks each) for the tiles past
-    the last whole round of ``programs`` (all of them when there are fewer), the most that fit in
-    the programs left over; 1 when there is no partial round or no such split."""
-    left = tiles % programs
-    split = 1
-    for shares in range(2, _MAX_SPLIT + 1):
-        if left and k_blocks % shares == 0 and k_blocks // shares >= _MIN_K_BLOCKS_PER_SPLIT and left * shares <= programs:
-            split = shares
-    return split
-
-
 # Why the TMA tiles failed to compile or launch in this process (then they are not offered again).
 _TMA_FAILED: list[str] = []
 
@@ -328,34 +313,28 @@ def candidates(m: int, n: int, k: int, num_sms: int, tma: bool = False, gluon: b
 
 def _small_m_gluon(m: int, n: int, k_blocks: int, bucket: int, num_sms: int) -> list[Config]:
     """The Gluon tiles that come first for 33 to 256 rows (one program per work item, at most a
-    wave), in this order: up to 128 rows, 64 x 128 tiles with a K split where it fills the SMs;
-    from 65 rows, 128 x 128 tiles alone where they fill the SMs, else (up to 128 rows) with their
-    K split. Up to 64 rows the split tiles' shares are summed by the caller (every tile split,
-    :func:`_split_for`), from 65 rows in the kernel (the tiles of the last partial round split,
-    :func:`tail_split`). None where nothing applies, nor from 65 rows for outputs under 32 column
-    blocks (there the Triton 128 x 64 tiles stay the default: 0.92-1.13x DeepGEMM at
-    128 x 2112 x 7168 over three runs, the Gluon tiles 0.89-0.93x in four).
+    wave), in this order: up to 128 rows, 64 x 128 tiles with the K split that fills the SMs,
+    where there is one; from 65 rows, 128 x 128 tiles alone where they fill the SMs, else (up to
+    128 rows) with their K split. None where nothing applies, nor from 65 rows for outputs under
+    32 column blocks (there the Triton 128 x 64 tiles stay the default: 0.92 and 1.11x DeepGEMM at
+    128 x 2112 x 7168 in two runs, the Gluon tiles 0.92-0.93x in three).
     ``benchmarks.gemm_prefill --m 64,128`` on an H200 (2026-12-04), against DeepGEMM in the same
     run: 64 x 128 with 2 or 4 splits 1.20, 0.98, 1.10x at 64 rows (the Triton tiles with the same
-    split 1.16, 0.92, 1.05x); 128 x 128 without a split 0.82x at 128 x 24576 x 1536 (the Triton
-    tiles 0.68x). 2026-12-05, shares summed in the kernel: 0.92x at 128 x 4096 x 7168 with
-    64 x 128 tiles (Triton's default 0.83x, the caller's sum of 4 shares 0.76x), 1.10x at
-    128 x 7168 x 16384 with 128 x 128 (Triton's 2 splits 1.02x); slower at 64 rows."""
+    split 1.16, 0.92, 1.05x), 0.97x at 128 x 4096 x 7168 (Triton's default 0.83x); 128 x 128 with
+    2 splits 1.12x at 128 x 7168 x 16384 (Triton 1.04x); 128 x 128 without a split 0.82x at
+    128 x 24576 x 1536 (the Triton tiles 0.68x)."""
     if bucket > 64 and cdiv(n, 128) < 32:
         return []
-    gluon = lambda bm, warps, split, fixup: Config(bm, 128, split, warps, 4, tma=True, persistent=True,  # noqa: E731
-                                                   gluon=True, fixup=fixup and split > 1)
-    narrow_tiles, wide_tiles = cdiv(m, 64) * cdiv(n, 128), cdiv(m, 128) * cdiv(n, 128)
-    if bucket <= 64:
-        split = _split_for(narrow_tiles, k_blocks, num_sms)
-        return [gluon(64, 4, split, False)] if split > 1 else []
+    gluon = lambda bm, warps, split: Config(bm, 128, split, warps, 4, tma=True, persistent=True, gluon=True)  # noqa: E731
     configs = []
-    if bucket == 128 and tail_split(narrow_tiles, k_blocks, num_sms) > 1:
-        configs.append(gluon(64, 4, tail_split(narrow_tiles, k_blocks, num_sms), True))
-    if wide_tiles >= num_sms:
-        configs.append(gluon(128, 8, 1, False))
+    narrow = _split_for(cdiv(m, 64) * cdiv(n, 128), k_blocks, num_sms)
+    if bucket <= 128 and narrow > 1:
+        configs.append(gluon(64, 4, narrow))
+    wide_tiles = cdiv(m, 128) * cdiv(n, 128)
+    if bucket > 64 and wide_tiles >= num_sms:
+        configs.append(gluon(128, 8, 1))
     elif bucket == 128:
-        configs.append(gluon(128, 8, tail_split(wide_tiles, k_blocks, num_sms), True))
+        configs.append(gluon(128, 8, _split_for(wide_tiles, k_blocks, num_sms)))
     return configs
 
 
@@ -406,20 +385,17 @@ def launch(a, a_scale, b, b_scale, out_dtype: torch.dtype, config: Config) -> to
         raise ValueError(f"gemm.fp8_block: split_k={split} does not divide the {k // BLOCK} K blocks")
     if config.tma and not tma_usable(a, b):
         raise ValueError(f"gemm.fp8_block: {config} needs TMA on the device and 16-byte-aligned operands")
-    if config.fixup and not (config.gluon and config.persistent and split > 1):
-        raise ValueError(f"gemm.fp8_block: {config}: summing K shares in the kernel needs the persistent Gluon "
-                         "tiles and a K split")
-    target = out if split == 1 or config.fixup else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
+    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
     if config.gluon:
         if not (config.tma and has_gluon(a.device)):
             raise ValueError(f"gemm.fp8_block: {config}: the Gluon tiles need a Hopper GPU and TMA")
         programs = num_sms(a.device) if config.persistent else None
         launch_gluon(a, a_scale, b, b_scale, target, config.block_m, config.block_n, config.num_stages,
                      config.num_warps, warp_specialize=True, group_m=config.group_m,
-                     programs=programs, tma_store=True, split_k=split, fixup=config.fixup)
+                     programs=programs, tma_store=True, split_k=split)
     else:
         _launch_triton(a, a_scale, b, b_scale, target, config)
-    if split > 1 and not config.fixup:
+    if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](target, out, m * n, SPLIT_K=split, BLOCK=1024, num_warps=4)
     return out
 

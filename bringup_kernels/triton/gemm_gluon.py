@@ -15,11 +15,7 @@ barrier wait and arrive). With ``TMA_STORE`` a finished tile goes through shared
 store that runs while the next tile computes; else the warps store it from registers. With
 ``SPLITS > 1`` each tile is SPLITS work items, one per equal share of its K blocks, and each
 item's fp32 partial product goes from registers to its own [M, N] slice of the output, which the
-caller sums (for row counts whose tiles alone would leave SMs idle). With ``FIXUP`` as well, only
-the tiles past the last whole round of programs are split, and their shares are summed in the
-kernel: each share leaves its fp32 partial in a buffer (in L2), counts itself on its tile's
-counter (an acquire-release atomic), and the last to arrive adds the partials in share order,
-stores the tile and sets the counter back to 0. No program waits for another.
+caller sums (for row counts whose tiles alone would leave SMs idle).
 
 Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued
 asynchronously *one block ahead of its scaling*: while the tensor cores compute block i's
@@ -82,29 +78,6 @@ if _IMPORT_ERROR is None:
         return first_m + (tile % (GROUP_M * tiles_n)) % group_rows, (tile % (GROUP_M * tiles_n)) // group_rows
 
     @gluon.jit
-    def _work_item(work, FULL, K_BLOCKS: gl.constexpr, SPLITS: gl.constexpr, FIXUP: gl.constexpr):
-        """Work item ``work``'s (tile, first K block, K blocks). Without FIXUP each tile is SPLITS
-        items, one per equal share of its K blocks. With FIXUP the first FULL items are whole
-        tiles and each tile after them is SPLITS shares."""
-        K_SHARE: gl.constexpr = K_BLOCKS // SPLITS
-        if FIXUP:
-            tail = gl.maximum(work - FULL, 0)
-            whole = (work < FULL).to(gl.int32)
-            return work - tail + tail // SPLITS, (tail % SPLITS) * K_SHARE, K_SHARE + whole * (K_BLOCKS - K_SHARE)
-        else:
-            return work // SPLITS, (work % SPLITS) * K_SHARE, K_SHARE
-
-    @gluon.jit
-    def _work_items(M, N, FULL, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
-                    FIXUP: gl.constexpr):
-        """How many work items the tiles make (see :func:`_work_item`)."""
-        tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-        if FIXUP:
-            return FULL + (tiles - FULL) * SPLITS
-        else:
-            return tiles * SPLITS
-
-    @gluon.jit
     def _stage_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
         """The ring's barriers, initialized: per stage ``ready`` (one arrival, the producer's, with
         the stage's bytes expected) and ``empty`` (one arrival per consumer partition)."""
@@ -160,20 +133,20 @@ if _IMPORT_ERROR is None:
             _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES, k0 + kb + STAGES, pid_m, pid_n, STAGES)
 
     @gluon.jit
-    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, FULL, K_BLOCKS: gl.constexpr,
-                 GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, FIXUP: gl.constexpr):
-        """The producer partition: every K block of every work item (a tile, or a share of its K
+    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                 STAGES: gl.constexpr, SPLITS: gl.constexpr):
+        """The producer partition: every K block of every work item (a tile's share of the K
         blocks) of this program into its stage once the stage is free (a fresh barrier counts as
         freed, so the first round does not wait). It runs ahead into the next item while the
         consumers finish and store the last one."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        K_SPLIT: gl.constexpr = K_BLOCKS // SPLITS
         it = 0
-        for work in range(gl.program_id(0), _work_items(M, N, FULL, BLOCK_M, BLOCK_N, SPLITS, FIXUP),
-                          gl.num_programs(0)):
-            tile, k0, k_blocks = _work_item(work, FULL, K_BLOCKS, SPLITS, FIXUP)
-            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            for kb in range(k_blocks):
+        for work in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(work // SPLITS, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            k0 = (work % SPLITS) * K_SPLIT
+            for kb in range(K_SPLIT):
                 mbarrier.wait(empty.index(it % STAGES), ((it // STAGES) & 1) ^ 1)
                 _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, k0 + kb, pid_m, pid_n, STAGES)
                 it += 1
@@ -220,108 +193,52 @@ if _IMPORT_ERROR is None:
         return acc
 
     @gluon.jit
-    def _store_tile(acc, c_smem, c_out, rows, pid_m, pid_n, M, N, stride_cm, share_offset, TMA_STORE: gl.constexpr,
-                    SUB: gl.constexpr, ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    mma: gl.constexpr):
-        """A tile's rows ``rows`` (ROW0 on within it): with TMA_STORE through ``c_smem[SUB]`` by the
-        TMA unit to the descriptor ``c_out`` (the store runs on while the next tile computes), else
-        from registers to the pointer ``c_out`` from ``share_offset`` on."""
-        if TMA_STORE:
-            tma.store_wait(0)  # the last tile's store has read c_smem
-            c_smem.index(SUB).store(acc.to(c_out.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_out, [pid_m * BLOCK_M + ROW0, pid_n * BLOCK_N], c_smem.index(SUB))
-        else:
-            cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-            mask = (rows < M)[:, None] & (cols < N)[None, :]
-            gl.store(c_out + share_offset + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :],
-                     acc.to(c_out.dtype.element_ty), mask=mask)
-
-    @gluon.jit
-    def _sum_shares(acc, parts_ptr, counts_ptr, slot, k0, K_SHARE: gl.constexpr, SPLITS: gl.constexpr,
-                    CONSUMERS: gl.constexpr, SUB: gl.constexpr, ROW0: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, WARPS: gl.constexpr, mma: gl.constexpr):
-        """One share (from K block ``k0``) of split tile ``slot``, this partition's rows of it:
-        written as fp32 to the tile's share in ``parts_ptr``, then counted on the tile's counter.
-        Returns whether it was the last share to arrive and, if so, the shares' sum in share
-        order (the Triton tiles' order for their K splits; each partial reread from L2), having
-        set the counter back to 0 for the next launch."""
-        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
-        TILE: gl.constexpr = BLOCK_M * BLOCK_N
-        offs = ((ROW0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, mma)))[:, None] * BLOCK_N
-                + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))[None, :])
-        tile_parts = parts_ptr + slot.to(gl.int64) * (SPLITS * TILE)
-        gl.store(tile_parts + (k0 // K_SHARE) * TILE + offs, acc)
-        gl.thread_barrier()  # every thread's partial is written before the partition arrives
-        lane = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        counter = counts_ptr + slot * CONSUMERS + SUB + lane * 0
-        before = gl.atomic_add(counter, lane * 0 + 1, mask=lane == 0, sem="acq_rel", scope="gpu")  # one arrival
-        last = gl.max(gl.where(lane == 0, before, 0), axis=0) == SPLITS - 1  # to every thread
-        total = acc
-        if last:
-            total = gl.load(tile_parts + offs, cache_modifier=".cg")
-            for share in gl.static_range(1, SPLITS):
-                total += gl.load(tile_parts + share * TILE + offs, cache_modifier=".cg")
-            gl.store(counter, lane * 0, mask=lane == 0)
-        return last, total
-
-    @gluon.jit
-    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, parts_ptr, counts_ptr,
-                 M, N, FULL, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr,
-                 GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, FIXUP: gl.constexpr,
-                 WS: gl.constexpr, TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, SUB: gl.constexpr,
-                 WARPS: gl.constexpr, mma: gl.constexpr):
-        """Every work item of this program (see :func:`_work_item`), the ``SUB``-th of its
-        ``CONSUMERS`` row slices: the accumulator (without WS first the loads of the item's first
-        STAGES blocks), then its store (:func:`_store_tile`). A share of a tile goes, without
-        FIXUP, as an fp32 partial to ``c_out`` from ``share * stride_split`` on (the caller sums
-        them); with FIXUP to :func:`_sum_shares`, and the last share to arrive stores the sum."""
+    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
+                 stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                 STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr,
+                 CONSUMERS: gl.constexpr, SUB: gl.constexpr, mma: gl.constexpr):
+        """Every work item of this program (a tile, or with SPLITS > 1 one of a tile's SPLITS equal
+        shares of the K blocks), the ``SUB``-th of its ``CONSUMERS`` row slices: the accumulator
+        (without WS first the loads of the item's first STAGES blocks), then its store: with
+        TMA_STORE through ``c_smem[SUB]`` by the TMA unit to the descriptor ``c_out``, else from
+        registers to the pointer ``c_out``, share s's fp32 partial ``s * stride_split`` on."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
         ROW0: gl.constexpr = SUB * SUB_M
-        K_SHARE: gl.constexpr = K_BLOCKS // SPLITS
+        K_SPLIT: gl.constexpr = K_BLOCKS // SPLITS
         base = 0
-        for work in range(gl.program_id(0), _work_items(M, N, FULL, BLOCK_M, BLOCK_N, SPLITS, FIXUP),
-                          gl.num_programs(0)):
-            tile, k0, k_blocks = _work_item(work, FULL, K_BLOCKS, SPLITS, FIXUP)
-            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        for work in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(work // SPLITS, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            k0 = (work % SPLITS) * K_SPLIT
             if not WS:
                 for kb in gl.static_range(STAGES):
-                    if kb < k_blocks:
+                    if kb < K_SPLIT:
                         _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, k0 + kb, pid_m, pid_n, STAGES)
             rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, mma))
-            scale_rows = (rows % M) * stride_asm
             bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
-            if FIXUP:
-                if work < FULL:
-                    acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row,
-                                      stride_ask, base, k0, pid_m, pid_n, K_BLOCKS, STAGES, WS, ROW0, SUB_M, mma)
-                    _store_tile(acc, c_smem, c_out, rows, pid_m, pid_n, M, N, stride_cm, 0, TMA_STORE, SUB, ROW0,
-                                BLOCK_M, BLOCK_N, mma)
-                else:
-                    acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row,
-                                      stride_ask, base, k0, pid_m, pid_n, K_SHARE, STAGES, WS, ROW0, SUB_M, mma)
-                    last, total = _sum_shares(acc, parts_ptr, counts_ptr, tile - FULL, k0, K_SHARE, SPLITS, CONSUMERS,
-                                              SUB, ROW0, BLOCK_M, BLOCK_N, WARPS, mma)
-                    if last:
-                        _store_tile(total, c_smem, c_out, rows, pid_m, pid_n, M, N, stride_cm, 0, TMA_STORE, SUB, ROW0,
-                                    BLOCK_M, BLOCK_N, mma)
+            acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, (rows % M) * stride_asm,
+                              bs_row, stride_ask, base, k0, pid_m, pid_n, K_SPLIT, STAGES, WS, ROW0, SUB_M, mma)
+            if TMA_STORE:  # through shared memory; the TMA unit writes it out while the next tile runs
+                tma.store_wait(0)  # the last tile's store has read c_smem
+                c_smem.index(SUB).store(acc.to(c_out.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_out, [pid_m * BLOCK_M + ROW0, pid_n * BLOCK_N], c_smem.index(SUB))
             else:
-                acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row,
-                                  stride_ask, base, k0, pid_m, pid_n, K_SHARE, STAGES, WS, ROW0, SUB_M, mma)
-                _store_tile(acc, c_smem, c_out, rows, pid_m, pid_n, M, N, stride_cm,
-                            (work % SPLITS).to(gl.int64) * stride_split, TMA_STORE, SUB, ROW0, BLOCK_M, BLOCK_N, mma)
-            base += k_blocks
+                cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+                mask = (rows < M)[:, None] & (cols < N)[None, :]
+                share = c_out + (work % SPLITS).to(gl.int64) * stride_split
+                gl.store(share + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :],
+                         acc.to(c_out.dtype.element_ty), mask=mask)
+            base += K_SPLIT
         if TMA_STORE:
             tma.store_wait(0)
 
     @gluon.jit
-    def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, parts_ptr, counts_ptr, M, N, FULL, stride_asm,
-                               stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr,
-                               GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr,
-                               FIXUP: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr,
-                               CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+    def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, M, N, stride_asm, stride_ask, stride_bsn,
+                               stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
+                               STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr,
+                               TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
@@ -337,30 +254,25 @@ if _IMPORT_ERROR is None:
             c_smem = a_bufs  # not used
         if WS and CONSUMERS == 2:  # two consumer partitions of num_warps warps, each on half the rows
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, parts_ptr,
-                            counts_ptr, M, N, FULL, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split,
-                            K_BLOCKS, GROUP_M, STAGES, SPLITS, FIXUP, WS, TMA_STORE, CONSUMERS, _FIRST, num_warps,
-                            mma)),
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, parts_ptr,
-                            counts_ptr, M, N, FULL, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split,
-                            K_BLOCKS, GROUP_M, STAGES, SPLITS, FIXUP, WS, TMA_STORE, CONSUMERS, _SECOND, num_warps,
-                            mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, FULL, K_BLOCKS, GROUP_M, STAGES, SPLITS,
-                            FIXUP)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _SECOND, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
             ], [num_warps, 1], [_CONSUMER_REGISTERS, _PRODUCER_REGISTERS])
         elif WS:
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, parts_ptr,
-                            counts_ptr, M, N, FULL, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split,
-                            K_BLOCKS, GROUP_M, STAGES, SPLITS, FIXUP, WS, TMA_STORE, CONSUMERS, _FIRST, num_warps,
-                            mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, FULL, K_BLOCKS, GROUP_M, STAGES, SPLITS,
-                            FIXUP)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
+                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
             ], [1], [_PRODUCER_REGISTERS])
         else:
-            _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, parts_ptr, counts_ptr,
-                     M, N, FULL, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
-                     SPLITS, FIXUP, WS, TMA_STORE, CONSUMERS, _FIRST, num_warps, mma)
+            _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
+                     stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES, SPLITS, WS, TMA_STORE,
+                     CONSUMERS, _FIRST, mma)
         _invalidate(ready, empty, STAGES)
 
 
@@ -373,28 +285,10 @@ def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], element)
 
 
-# Per device: the fp32 partials of the split tiles and their arrival counters (kept at 0 between
-# launches: the last share to arrive resets its tile's), grown as calls need.
-_FIXUP_BUFFERS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _fixup_buffers(device: torch.device, floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """At least ``floats`` fp32 partials and ``counters`` zeroed counters on ``device``. Made while
-    a CUDA graph is captured they are that graph's alone (the zeroing is part of it), not kept."""
-    have = _FIXUP_BUFFERS.get(device)
-    if have is not None and have[0].numel() >= floats and have[1].numel() >= counters:
-        return have
-    made = (torch.empty(floats, dtype=torch.float32, device=device),
-            torch.zeros(counters, dtype=torch.int32, device=device))
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        _FIXUP_BUFFERS[device] = made
-    return made
-
-
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
                  group_m: int = 8, programs: int | None = None, tma_store: bool = False,
-                 consumers: int = 1, split_k: int = 1, fixup: bool = False) -> torch.Tensor:
+                 consumers: int = 1, split_k: int = 1) -> torch.Tensor:
     """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
     128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
     ``warp_specialize`` a one-warp producer partition issues the TMA loads. ``programs`` (default
@@ -405,13 +299,7 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     warps that synchronize only through the stages' barriers (``block_m`` a multiple of
     ``32 * num_warps``). ``split_k > 1`` (dividing the K blocks) makes each tile ``split_k`` work
     items, one per equal share of its K blocks, and ``out`` a contiguous fp32 [split_k, M, N]
-    holding each share's partial product, stored from registers; the caller sums them.
-    ``fixup`` (with ``split_k > 1`` and ``programs``) splits only the tiles past the last whole
-    round of ``programs`` (all of them when there are fewer), and sums them in the kernel: each
-    share leaves its fp32 partial in L2 and the last of a tile's shares to arrive adds them up in
-    share order and stores the tile into ``out`` [M, N] (the Triton tiles' bits with that split;
-    the other tiles' bits without one). Calls on one device share the partials' buffer: run them
-    on one stream."""
+    holding each share's partial product, stored from registers; the caller sums them."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
     if consumers not in (1, 2) or (consumers == 2 and not warp_specialize):
@@ -419,33 +307,22 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
                          f"got {consumers} (warp_specialize={warp_specialize})")
     m, k = a.shape
     n = b.shape[0]
-    partials = split_k > 1 and not fixup
-    if split_k < 1 or (k // BLOCK_K) % split_k or (partials and (out.shape != (split_k, m, n) or
-                                                              out.dtype != torch.float32 or not out.is_contiguous())):
+    if split_k < 1 or (k // BLOCK_K) % split_k or (split_k > 1 and (out.shape != (split_k, m, n) or
+                                                                  out.dtype != torch.float32 or not out.is_contiguous())):
         raise ValueError(f"gemm.fp8_block: the Gluon tiles' split_k={split_k} must divide the {k // BLOCK_K} K blocks, "
                          f"its out a contiguous fp32 [{split_k}, {m}, {n}]; got {tuple(out.shape)} {out.dtype}")
-    if fixup and (split_k < 2 or not programs):
-        raise ValueError(f"gemm.fp8_block: summing K shares in the kernel needs split_k > 1 and a program count; "
-                         f"got split_k={split_k}, programs={programs}")
     a_desc = TensorDescriptor(a, [m, k], [k, 1], [block_m, BLOCK_K], _shared_layout(block_m, BLOCK_K, a.dtype))
     b_desc = TensorDescriptor(b, [n, k], [k, 1], [block_n, BLOCK_K], _shared_layout(block_n, BLOCK_K, b.dtype))
-    tiles = -(-m // block_m) * -(-n // block_n)
-    full, parts, counts = 0, out, out
-    if fixup:
-        full = tiles - tiles % programs
-        parts, counts = _fixup_buffers(a.device, (tiles - full) * split_k * block_m * block_n, (tiles - full) * consumers)
-        work = full + (tiles - full) * split_k
-    else:
-        work = tiles * split_k
+    work = -(-m // block_m) * -(-n // block_n) * split_k
     grid = (min(work, programs or work),)
-    tma_store = tma_store and not partials and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
+    tma_store = tma_store and split_k == 1 and out.data_ptr() % 16 == 0 and out.stride(0) * out.element_size() % 16 == 0
     c_out = out
     if tma_store:
         c_out = TensorDescriptor(out, [m, n], [out.stride(0), 1], [block_m // consumers, block_n],
                                  _shared_layout(block_m // consumers, block_n, out.dtype))
-    _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, parts, counts, m, n, full, a_scale.stride(0),
-                                 a_scale.stride(1), b_scale.stride(0), out.stride(-2), out.stride(0) if partials else 0,
-                                 K_BLOCKS=k // BLOCK_K, GROUP_M=group_m, STAGES=stages, SPLITS=split_k, FIXUP=fixup,
-                                 WS=warp_specialize, TMA_STORE=tma_store, CONSUMERS=consumers, num_warps=num_warps,
+    _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
+                                 b_scale.stride(0), out.stride(-2), out.stride(0) if split_k > 1 else 0, K_BLOCKS=k // BLOCK_K,
+                                 GROUP_M=group_m, STAGES=stages, SPLITS=split_k, WS=warp_specialize,
+                                 TMA_STORE=tma_store, CONSUMERS=consumers, num_warps=num_warps,
                                  **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
     return out
