@@ -417,6 +417,19 @@ def test_live_rows_print_each_row_as_it_is_measured(capsys):
     assert [r.benchmark for r in rows] == ["gemm.dense q up", "a", "b"] and isinstance(rows, harness.LiveRows)
 
 
+@pytest.mark.gpu
+def test_the_flushed_graph_time_of_a_copy_is_its_eager_time_without_the_flush():
+    """``flushed_graph_ms`` replays a graph of flush + call pairs and subtracts a graph of the
+    flushes alone: for a 64 MiB copy (GPU-bound eagerly: tens of microseconds against a few of
+    host time) it must read what ``do_bench`` reads with its own flush outside the timed call,
+    not the flush's time added (a flush of the L2-sized buffer takes longer than this copy)."""
+    src = torch.randn(1 << 24, device="cuda")  # 64 MiB of fp32
+    dst = torch.empty_like(src)
+    eager = harness.median_ms(lambda: dst.copy_(src))
+    replayed = harness.flushed_graph_ms(lambda: dst.copy_(src))
+    assert 0.75 < replayed / eager < 1.33, (replayed, eager)
+
+
 def test_the_decode_profile_says_whether_the_kernels_ran_as_programmatic_dependents():
     from benchmarks.profile_decode import dependent_launch_line
 
