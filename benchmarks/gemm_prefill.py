@@ -17,8 +17,9 @@ those on Hopper), ``gluon:BMxBNxSTAGESxWARPS`` and ``gluon-ws:...`` (the Gluon k
 producer partition issuing its TMA loads), each optionally with ``+persistent`` (one program per
 SM looping over tiles: the producer loads the next tile while the consumers store the last) and
 ``+tma-store`` (each tile written through shared memory by TMA), and with ``gluon-ws``
-``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows) or
-``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
+``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows),
+``+staged-scales`` (the producer copies each K block's scales into its stage, the consumers read
+them from shared memory) or ``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
 registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs), e.g.
 ``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows) or
 ``gluon-ws+persistent+split4:128x128x4x8``.
@@ -53,7 +54,9 @@ def shapes(rows: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 CONFIGS = ("gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store:128x128x5x8,"
            "gluon-ws+persistent+tma-store+two-consumers:128x128x4x4,"
-           "gluon-ws+persistent+tma-store+two-consumers:128x128x5x4,gluon-ws+tma-store+two-consumers:128x128x4x4")
+           "gluon-ws+persistent+tma-store+two-consumers:128x128x5x4,gluon-ws+tma-store+two-consumers:128x128x4x4,"
+           "gluon-ws+persistent+tma-store+staged-scales:128x128x4x8,"
+           "gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4")
 
 
 def triton_default_config(m: int, n: int, k: int):
@@ -87,7 +90,7 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
             config = replace(config, split_k=split, persistent=False)
         return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
 
-    allowed = {"persistent", "tma-store"} | ({"two-consumers"} if kind == "gluon-ws" else set())
+    allowed = {"persistent", "tma-store"} | ({"two-consumers", "staged-scales"} if kind == "gluon-ws" else set())
     if split > 1:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
         allowed = {"persistent", f"split{split}"} if kind == "gluon-ws" else set()
     if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
@@ -101,11 +104,13 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
             out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
-                                tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1)
+                                tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1,
+                                staged_scales="staged-scales" in extras)
 
         return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, split
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
-                     "gluon[-ws][+persistent][+tma-store][+two-consumers]:BMxBNxSTAGESxWARPS or "
+                     "gluon[-ws][+persistent][+tma-store][+two-consumers][+staged-scales]:BMxBNxSTAGESxWARPS "
+                     "(the last two with gluon-ws) or "
                      "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
 
 

@@ -5,10 +5,15 @@ Each case runs in its own process under ``ncu --profile-from-start off``: the pr
 inputs of the benchmark row (:mod:`benchmarks.ops`, :mod:`benchmarks.gemm`), runs the op once to
 compile it, then once between ``cudaProfilerStart`` and ``cudaProfilerStop``; ncu replays every
 kernel of that call with the caches flushed and the clocks left alone. Per kernel the table
-gives time, DRAM and SM throughput (% of peak), achieved and theoretical occupancy (and what
-limits the latter), registers, shared memory, waves, the issue slots used, and the three largest
-warp stall reasons (cycles per issued instruction). ``--raw`` keeps every metric ncu reported
-(JSON lines, one per kernel).
+gives time, DRAM and SM throughput (% of peak), the L2 hit rate, the busiest tensor pipe (% of
+the active cycles), achieved and theoretical occupancy (and what limits the latter), registers,
+shared memory, waves, the issue slots used, and the three largest warp stall reasons (cycles per
+issued instruction). ``--raw`` keeps every metric ncu reported (JSON lines, one per kernel).
+
+A case names the backend it calls through the registry: ours (``triton``), or a vendor's at the
+same shape and on the same operands (``gemm_128_deep_gemm``: DeepGEMM beside ``gemm_128``), so
+that the two kernels' counters sit side by side. A case whose backend cannot run here is
+skipped with the reason.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,16 +33,19 @@ import torch
 
 from .harness import environment
 
-# case -> (module, label, shape) of the benchmark row it profiles
+# case -> (module, label, shape, backend) of the benchmark row it profiles
 CASES = {
-    "rmsnorm": ("ops", "rmsnorm", "16384x7168 bf16"),
-    "kv_store": ("ops", "kv.store", "65536 tok, 512+64 bf16"),
-    "kv_store_fp8": ("ops", "kv.store fp8", "65536 tok, 512+64 -> fp8"),
-    "mla_decode": ("ops", "mla_decode", "b32 h16 ctx8192 page16 bf16"),
-    "mla_decode_fp8": ("ops", "mla_decode fp8 cache", "b32 h16 ctx8192 page16"),
-    "mla_decode_128": ("ops", "mla_decode", "b32 h128 ctx4096 page16 bf16"),
-    "gemm_128": ("gemm", "gemm.fp8_block", "128x24576x1536"),
-    "gemm_4096": ("gemm", "gemm.fp8_block", "4096x7168x16384"),
+    "rmsnorm": ("ops", "rmsnorm", "16384x7168 bf16", "triton"),
+    "kv_store": ("ops", "kv.store", "65536 tok, 512+64 bf16", "triton"),
+    "kv_store_fp8": ("ops", "kv.store fp8", "65536 tok, 512+64 -> fp8", "triton"),
+    "mla_decode": ("ops", "mla_decode", "b32 h16 ctx8192 page16 bf16", "triton"),
+    "mla_decode_fp8": ("ops", "mla_decode fp8 cache", "b32 h16 ctx8192 page16", "triton"),
+    "mla_decode_128": ("ops", "mla_decode", "b32 h128 ctx4096 page16 bf16", "triton"),
+    "gemm_128": ("gemm", "gemm.fp8_block", "128x24576x1536", "triton"),
+    "gemm_128_deep_gemm": ("gemm", "gemm.fp8_block", "128x24576x1536", "deep_gemm"),
+    "gemm_128x4096": ("gemm", "gemm.fp8_block", "128x4096x7168", "triton"),
+    "gemm_128x4096_deep_gemm": ("gemm", "gemm.fp8_block", "128x4096x7168", "deep_gemm"),
+    "gemm_4096": ("gemm", "gemm.fp8_block", "4096x7168x16384", "triton"),
 }
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis")
 # Each column of the table: the first metric name ncu reported, of the candidates.
@@ -44,6 +53,7 @@ COLUMNS = {
     "time us": (("gpu__time_duration.sum",), 1e-3),
     "DRAM %": (("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed"), 1),
     "SM %": (("sm__throughput.avg.pct_of_peak_sustained_elapsed",), 1),
+    "L2 hit %": (("lts__t_sector_hit_rate.pct",), 1),
     "issue %": (("sm__issue_active.avg.pct_of_peak_sustained_elapsed", "sm__inst_issued.avg.pct_of_peak_sustained_elapsed"), 1),
     "occ %": (("sm__warps_active.avg.pct_of_peak_sustained_active",), 1),
     "theor %": (("sm__maximum_warps_per_active_cycle_pct",), 1),
@@ -52,27 +62,29 @@ COLUMNS = {
 }
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
 STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+# Per tensor pipe (hmma, gmma, imma, ...): the share of the SMs' active cycles it was busy.
+TENSOR_PIPE = re.compile(r"sm__pipe_tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active")
 
 
 def _call(case: str):
-    """The op call of ``case`` with its benchmark inputs (a zero-argument callable)."""
-    module, label, shape = CASES[case]
-    if module == "ops":
-        from bringup_kernels import registry
+    """The op call of ``case`` with its benchmark inputs, through its backend (a zero-argument
+    callable; our GEMM at its untuned default, as the benchmark row)."""
+    module, label, shape, backend = CASES[case]
+    os.environ["ENGINE_OPS_TUNE"] = "0"
+    from bringup_kernels import registry
 
+    if module == "ops":
         from .ops import _cases
 
         op_name, make = next((op, make) for op, lab, shp, make, _, _ in _cases() if lab == label and shp == shape)
-        impl = registry.get(op_name).load("triton")
+        impl = registry.get(op_name).load(backend)
         args, kwargs = make()
         return lambda: impl(*args, **kwargs)
-    os.environ["ENGINE_OPS_TUNE"] = "0"
-    from bringup_kernels.triton.gemm import fp8_block
-
     from .gemm import operands
 
+    impl = registry.get(label).load(backend)
     a, sa, b, sb = operands(*(int(v) for v in shape.split("x")))
-    return lambda: fp8_block(a, sa, b, sb, torch.bfloat16)
+    return lambda: impl(a, sa, b, sb, torch.bfloat16)
 
 
 def run_target(case: str) -> None:
@@ -131,6 +143,8 @@ def summarize(case: str, raw: dict[str, str]) -> dict:
     known = {k: v for k, v in limits.items() if v is not None}
     low = min(known.values()) if known else None
     out["blocks/SM limit"] = f"{low:.0f} by {'+'.join(k for k, v in known.items() if v == low)}" if known else "-"
+    tensor = [v for k in raw if TENSOR_PIPE.fullmatch(k) and (v := _number(raw, (k,))) is not None]
+    out["tensor %"] = max(tensor) if tensor else None
     stalls = {k[len(STALL_PREFIX):-len(STALL_SUFFIX)]: _number(raw, (k,)) for k in raw
               if k.startswith(STALL_PREFIX) and k.endswith(STALL_SUFFIX) and "_not_issued" not in k}
     stalls.pop("selected", None)  # the cycle a warp issues: not a stall
@@ -141,7 +155,7 @@ def summarize(case: str, raw: dict[str, str]) -> dict:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of summarized kernels."""
-    cols = ["case", "kernel", *COLUMNS, "smem KiB", "blocks/SM limit", "top stalls"]
+    cols = ["case", "kernel", *COLUMNS, "tensor %", "smem KiB", "blocks/SM limit", "top stalls"]
     fmt = lambda v: "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
@@ -167,8 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     if ncu is None or not torch.cuda.is_available():
         print("benchmarks.ncu: needs a CUDA device and Nsight Compute (ncu) on PATH; nothing profiled", file=sys.stderr)
         return 0
+    from bringup_kernels import backend_env
+
     rows, raw_lines = [], []
     for case in cases:
+        reason = backend_env.unavailable_reason(CASES[case][3])
+        if reason:
+            print(f"[ncu] {case}: skipped: {reason}", file=sys.stderr)
+            continue
         try:
             kernels = profile(case, ncu)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -178,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(summarize(case, raw))
             raw_lines.append(json.dumps({"case": case, **raw}))
         print(f"[ncu] {case}: {len(kernels)} kernel(s)", flush=True)
+    if not rows:
+        print("benchmarks.ncu: no case was profiled", file=sys.stderr)
+        return 1
     env = environment()
     text = f"\n### Nsight Compute, {env['date']}, {env['device']} (torch {env['torch']}, Triton {env['triton']})\n\n{table(rows)}\n"
     print(text)
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(text)
     if args.raw:
         args.raw.write_text("\n".join(raw_lines) + "\n")
-    return 0 if rows else 1
+    return 0
 
 
 if __name__ == "__main__":

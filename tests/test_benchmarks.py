@@ -218,12 +218,44 @@ def test_ncu_summary_reads_recorded_h200_counters():
     assert ncu.parse_raw("==PROF== no kernels were profiled\n") == []
 
 
+def test_ncu_summary_reads_the_l2_hit_rate_and_the_busiest_tensor_pipe():
+    """Kernels without those counters show no value; with several tensor pipes, the busiest."""
+    from benchmarks import ncu
+
+    raw = {"Kernel Name": "k(int)", "lts__t_sector_hit_rate.pct": "30.5",
+           "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "0",
+           "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "41.9",
+           "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed": "60"}
+    summary = ncu.summarize("case", raw)
+    assert summary["L2 hit %"] == 30.5 and summary["tensor %"] == 41.9
+    bare = ncu.summarize("case", {"Kernel Name": "k"})
+    assert bare["L2 hit %"] is None and bare["tensor %"] is None
+    assert "| 30.5 |" in ncu.table([summary]) and "| 41.9 |" in ncu.table([summary])
+
+
 def test_ncu_refuses_unknown_cases_and_skips_without_a_gpu(capsys):
     from benchmarks import ncu
 
     assert ncu.main(["--cases", "nope"]) == 2 and "unknown case" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert ncu.main([]) == 0 and "nothing profiled" in capsys.readouterr().err
+
+
+def test_ncu_skips_a_case_whose_backend_cannot_run_and_says_why(monkeypatch, capsys):
+    """The vendor's case beside ours: skipped with the reason where the vendor is not built; with
+    nothing profiled at all, exit code 1 and no table."""
+    from benchmarks import ncu
+    from bringup_kernels import backend_env
+
+    assert ncu.CASES["gemm_128_deep_gemm"][:3] == ncu.CASES["gemm_128"][:3]  # the same row, the vendor's kernel
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backend_env, "unavailable_reason",
+                        lambda backend: "DeepGEMM is not built" if backend == "deep_gemm" else None)
+    monkeypatch.setattr(ncu, "profile", lambda case, tool: pytest.fail(f"{case} profiled"))
+    assert ncu.main(["--cases", "gemm_128_deep_gemm"]) == 1
+    err = capsys.readouterr().err
+    assert "[ncu] gemm_128_deep_gemm: skipped: DeepGEMM is not built" in err and "no case was profiled" in err
 
 
 def test_fp8_copy_of_a_checkpoint_quantizes_the_aligned_projections_and_loads(tmp_path):
@@ -454,15 +486,31 @@ def test_a_k_split_candidate_is_checked_against_the_triton_tiles_with_the_same_s
     assert gemm_prefill.candidate("gluon-ws+persistent+tma-store:128x128x4x8")[3] == 1
 
 
+def test_a_staged_scales_candidate_launches_the_gluon_tiles_with_the_scales_staged(monkeypatch):
+    from benchmarks import gemm_prefill
+    from bringup_kernels.triton import gemm, gemm_gluon
+
+    launched = []
+    monkeypatch.setattr(gemm, "num_sms", lambda device: 132)
+    monkeypatch.setattr(gemm_gluon, "launch_gluon", lambda *args, **kwargs: launched.append((args[5:9], kwargs)))
+    label, run, _, k_split = gemm_prefill.candidate("gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4")
+    run(torch.empty(300, 1536), None, torch.empty(200, 1536), None)
+    assert label == "gluon-ws 128x128 s4 w4 persistent tma-store two-consumers staged-scales" and k_split == 1
+    assert launched == [((128, 128, 4, 4), {"warp_specialize": True, "programs": 132, "tma_store": True,
+                                            "consumers": 2, "staged_scales": True})]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--m", "64,x"], "expected comma-separated row counts (M), got '64,x'"),
     (["--configs", "gluon+two-consumers:128x128x4x4"], "'gluon+two-consumers:128x128x4x4' is not"),
     (["--configs", "gluon-ws+fast:128x128x4x8"], "'gluon-ws+fast:128x128x4x8' is not"),
     (["--configs", "gluon-ws+split2+tma-store:128x128x4x8"], "'gluon-ws+split2+tma-store:128x128x4x8' is not"),
-    (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not")])
+    (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not"),
+    (["--configs", "gluon+staged-scales:128x128x4x8"], "'gluon+staged-scales:128x128x4x8' is not"),
+    (["--configs", "gluon-ws+split2+staged-scales:128x128x4x8"], "'gluon-ws+split2+staged-scales:128x128x4x8' is not")])
 def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, message, capsys):
-    """Two consumer partitions and K splits need the producer partition (gluon-ws), K splits store
-    from registers; unknown options and rows are refused before any child process starts."""
+    """Two consumer partitions, staged scales and K splits need the producer partition (gluon-ws), K
+    splits store from registers; unknown options and rows are refused before any child process starts."""
     from benchmarks import gemm_prefill
 
     with pytest.raises(SystemExit) as info:

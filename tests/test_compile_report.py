@@ -62,6 +62,9 @@ out = torch.empty(m, n, dtype=torch.bfloat16)
 with compiling_for(90) as recorder:
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 8, warp_specialize=True, programs=132, tma_store=True)
     launch_gluon(a, sa, b, sb, out, 128, 128, 4, 4, warp_specialize=True, programs=132, tma_store=True, consumers=2)
+    for consumers, warps in ((1, 8), (2, 4)):  # the scales staged by the producer
+        launch_gluon(a, sa, b, sb, out, 128, 128, 4, warps, warp_specialize=True, programs=132, tma_store=True,
+                     consumers=consumers, staged_scales=True)
     launch_gluon(a, sa, b, sb, out, 128, 64, 4, 8, warp_specialize=False)
     a, sa = a[:128], sa[:128]  # 128 rows: four K shares per tile, fp32 partials
     launch_gluon(a, sa, b, sb, torch.empty(4, 128, n), 128, 128, 4, 8, warp_specialize=True, programs=132, split_k=4)
@@ -87,13 +90,14 @@ def test_the_gluon_gemm_keeps_one_mma_in_flight_and_does_not_spill():
     scale the previous product (it serializes them all when other instructions touch a running
     MMA's registers). Compiled for sm_90 at a DeepSeek-V3 shape, in a process of its own: the
     engine's tile (producer partition, one program per SM, TMA stores), the same with two
-    consumer partitions, a tile without a producer, and the engine's tile with K splits."""
+    consumer partitions, both with the scales staged by the producer, a tile without a producer,
+    and the engine's tile with K splits."""
     records = compiled_records(GLUON_SCRIPT)
-    assert [r[0] for r in records] == ["_fp8_gemm_gluon_kernel"] * 4, records
+    assert [r[0] for r in records] == ["_fp8_gemm_gluon_kernel"] * 6, records
     for kernel, mma, pipelined, spills, registers, threads, error in records:
         assert (mma, pipelined, spills, error) == ("wgmma, async", "TMA", 0, ""), records
         assert registers * threads <= 65536  # else the driver refuses the launch
-    assert [r[5] for r in records] == [384, 384, 256, 384]  # a producer partition takes a warpgroup of its own
+    assert [r[5] for r in records] == [384] * 4 + [256, 384]  # a producer partition takes a warpgroup of its own
 
 
 GLUON_DECODE_SCRIPT = """

@@ -235,7 +235,7 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     without a producer partition, one program per tile or a few looping over the tiles,
     storing from registers or by TMA, with one consumer partition or two, with or without K splits,
     compute the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
-    tiles benchmarks.gemm_prefill times."""
+    tiles benchmarks.gemm_prefill times; so do they with the scales staged by the producer."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
@@ -264,6 +264,12 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                 launch_gluon(a, sa, b, sb, out, bm, bn, 4, 4, warp_specialize=True, programs=programs,
                              tma_store=True, consumers=2)
                 assert torch.equal(out, expected), (m, n, k, bm, bn, programs, "two consumers", out_dtype)
+            for bm, bn, warps, consumers, programs in ((128, 128, 8, 1, 2), (64, 128, 4, 1, None),
+                                                       (128, 128, 4, 2, 3), (128, 64, 4, 2, None)):
+                out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)  # scales staged by the producer
+                launch_gluon(a, sa, b, sb, out, bm, bn, 4, warps, warp_specialize=True, programs=programs,
+                             tma_store=True, consumers=consumers, staged_scales=True)
+                assert torch.equal(out, expected), (m, n, k, bm, bn, consumers, programs, "staged", out_dtype)
             for split in (s for s in (2, 3, 5) if (k // 128) % s == 0):  # K splits: fp32 shares, summed alike
                 expected_split = gemm.launch(a, sa, b, sb, out_dtype, replace(triton_tiles, split_k=split))
                 for tiles in (replace(triton_tiles, split_k=split, persistent=True, gluon=True),
@@ -284,6 +290,18 @@ def test_gluon_k_splits_need_a_dividing_count_and_an_fp32_buffer_of_shares():
     with pytest.raises(ValueError, match=r"its out a contiguous fp32 \[2, 64, 128\]; got \(64, 128\) torch.bfloat16"):
         launch_gluon(a, sa, b, sb, torch.empty(64, 128, dtype=torch.bfloat16), 64, 128, 4, 4, warp_specialize=True,
                      split_k=2)
+
+
+def test_gluon_staged_scales_need_a_producer_partition():
+    """Only a producer partition can stage the scales: refused before anything is launched."""
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+
+    if gluon_reason():
+        pytest.skip(gluon_reason())
+    a, b = torch.empty(64, 768, dtype=torch.float8_e4m3fn), torch.empty(128, 768, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"stage scales only with one; got consumers=1, staged_scales=True"):
+        launch_gluon(a, torch.empty(64, 6), b, torch.empty(1, 6), torch.empty(64, 128, dtype=torch.bfloat16), 64, 128,
+                     4, 4, staged_scales=True)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):

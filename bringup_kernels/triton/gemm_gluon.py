@@ -15,7 +15,11 @@ barrier wait and arrive). With ``TMA_STORE`` a finished tile goes through shared
 store that runs while the next tile computes; else the warps store it from registers. With
 ``SPLITS > 1`` each tile is SPLITS work items, one per equal share of its K blocks, and each
 item's fp32 partial product goes from registers to its own [M, N] slice of the output, which the
-caller sums (for row counts whose tiles alone would leave SMs idle).
+caller sums (for row counts whose tiles alone would leave SMs idle). With ``STAGED`` (and WS) the
+producer also copies each K block's A scales of the tile's rows and its B scale (repeated per
+row) into two small buffers of the block's stage (``cp.async``, tracked by the stage's ``ready``
+barrier), so the consumers read the scales from shared memory instead of waiting on global
+loads in their loop.
 
 Every K block's product is a warpgroup MMA of the two fp8 tiles into a fresh fp32 tile, issued
 asynchronously *one block ahead of its scaling*: while the tensor cores compute block i's
@@ -38,6 +42,7 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -67,6 +72,8 @@ if _IMPORT_ERROR is None:
     # Registers per thread of the second consumer partition (the first gets what is left).
     _CONSUMER_REGISTERS = gl.constexpr(232)
     _FIRST, _SECOND = gl.constexpr(0), gl.constexpr(1)
+    # The staged scales' buffers: plain rows of fp32, one element per row.
+    _SCALE_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
     @gluon.jit
     def _tile_coords(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
@@ -117,9 +124,18 @@ if _IMPORT_ERROR is None:
                              use_acc=False, is_async=True)
 
     @gluon.jit
-    def _block_scale(as_ptr, bs_ptr, rows, kb, stride_ask, bs_row):
-        """``sa[rows, kb] * sb[n block, kb]``: the scale of K block ``kb``'s product, per row."""
-        return gl.load(as_ptr + rows + kb * stride_ask) * gl.load(bs_ptr + bs_row + kb)
+    def _block_scale(as_ptr, bs_ptr, rows, kb, stride_ask, bs_row, sa_bufs, sb_bufs, it, STAGES: gl.constexpr,
+                     ROW0: gl.constexpr, SUB_M: gl.constexpr, STAGED: gl.constexpr):
+        """``sa[rows, kb] * sb[n block, kb]``: the scale of K block ``kb``'s product, per row; with
+        STAGED read from the scale buffers of block ``it``'s stage (the producer copied them there;
+        the stage's ``ready`` wait comes first), else from global memory."""
+        if STAGED:
+            stage = it % STAGES
+            layout: gl.constexpr = rows.type.layout
+            return (sa_bufs.index(stage).slice(ROW0, SUB_M).load(layout) *
+                    sb_bufs.index(stage).slice(ROW0, SUB_M).load(layout))
+        else:
+            return gl.load(as_ptr + rows + kb * stride_ask) * gl.load(bs_ptr + bs_row + kb)
 
     @gluon.jit
     def _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, kb, k0, pid_m, pid_n, K_BLOCKS: gl.constexpr,
@@ -133,28 +149,45 @@ if _IMPORT_ERROR is None:
             _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it + STAGES, k0 + kb + STAGES, pid_m, pid_n, STAGES)
 
     @gluon.jit
-    def _produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, SPLITS: gl.constexpr):
+    def _stage_scales(sa_bufs, sb_bufs, ready, stage, as_ptr, bs_ptr, scale_rows, bs_row, kb, stride_ask):
+        """Copy K block ``kb``'s A scales of the tile's rows and its B scale (once per row) into
+        stage ``stage``'s scale buffers (``cp.async``), the stage's ``ready`` barrier completing
+        only once they have landed."""
+        async_copy.async_copy_global_to_shared(sa_bufs.index(stage), as_ptr + scale_rows + kb * stride_ask)
+        async_copy.async_copy_global_to_shared(sb_bufs.index(stage), bs_ptr + (bs_row + kb) + scale_rows * 0)
+        async_copy.mbarrier_arrive(ready.index(stage))
+
+    @gluon.jit
+    def _produce(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, M, N, stride_asm,
+                 stride_ask, stride_bsn, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                 SPLITS: gl.constexpr, STAGED: gl.constexpr):
         """The producer partition: every K block of every work item (a tile's share of the K
         blocks) of this program into its stage once the stage is free (a fresh barrier counts as
-        freed, so the first round does not wait). It runs ahead into the next item while the
-        consumers finish and store the last one."""
+        freed, so the first round does not wait), with STAGED the block's scales too. It runs
+        ahead into the next item while the consumers finish and store the last one."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         K_SPLIT: gl.constexpr = K_BLOCKS // SPLITS
+        row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
         it = 0
         for work in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) * SPLITS, gl.num_programs(0)):
             pid_m, pid_n = _tile_coords(work // SPLITS, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             k0 = (work % SPLITS) * K_SPLIT
+            scale_rows = ((pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)) % M) * stride_asm
+            bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn
             for kb in range(K_SPLIT):
                 mbarrier.wait(empty.index(it % STAGES), ((it // STAGES) & 1) ^ 1)
+                if STAGED:
+                    _stage_scales(sa_bufs, sb_bufs, ready, it % STAGES, as_ptr, bs_ptr, scale_rows, bs_row, k0 + kb,
+                                  stride_ask)
                 _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, it, k0 + kb, pid_m, pid_n, STAGES)
                 it += 1
 
     @gluon.jit
-    def _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, scale_rows, bs_row, stride_ask,
-                    base, k0, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
-                    ROW0: gl.constexpr, SUB_M: gl.constexpr, mma: gl.constexpr):
+    def _accumulate(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, scale_rows,
+                    bs_row, stride_ask, base, k0, pid_m, pid_n, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr,
+                    WS: gl.constexpr, ROW0: gl.constexpr, SUB_M: gl.constexpr, STAGED: gl.constexpr,
+                    mma: gl.constexpr):
         """The fp32 accumulator of a tile's rows ``ROW0`` to ``ROW0 + SUB_M - 1`` over K_BLOCKS K
         blocks from block ``k0``, this program's blocks ``base`` to ``base + K_BLOCKS - 1`` (the
         MMAs and the scaling; without WS also the loads after the first STAGES blocks).
@@ -172,10 +205,12 @@ if _IMPORT_ERROR is None:
         odd_scale = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
         for kb in range(0, K_BLOCKS - 1, 2):
             even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES, ROW0, SUB_M)
-            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb, stride_ask, bs_row)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb, stride_ask, bs_row, sa_bufs, sb_bufs, base + kb,
+                                      STAGES, ROW0, SUB_M, STAGED)
             acc = acc + odd_done * odd_scale[:, None]
             odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES, ROW0, SUB_M)
-            odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb + 1, stride_ask, bs_row)
+            odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb + 1, stride_ask, bs_row, sa_bufs, sb_bufs,
+                                     base + kb + 1, STAGES, ROW0, SUB_M, STAGED)
             even_done = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
             _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + kb, kb, k0, pid_m, pid_n, K_BLOCKS,
                            STAGES, WS)
@@ -186,17 +221,19 @@ if _IMPORT_ERROR is None:
         acc = acc + odd_done * odd_scale[:, None]
         if K_BLOCKS % 2 == 1:  # the last block, alone
             even = _issue_product(a_bufs, b_bufs, ready, even_done, base + K_BLOCKS - 1, STAGES, ROW0, SUB_M)
-            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + K_BLOCKS - 1, stride_ask, bs_row)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + K_BLOCKS - 1, stride_ask, bs_row, sa_bufs,
+                                      sb_bufs, base + K_BLOCKS - 1, STAGES, ROW0, SUB_M, STAGED)
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(even,)) * even_scale[:, None]
             _after_product(a_desc, b_desc, a_bufs, b_bufs, ready, empty, base + K_BLOCKS - 1, K_BLOCKS - 1, k0,
                            pid_m, pid_n, K_BLOCKS, STAGES, WS)
         return acc
 
     @gluon.jit
-    def _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
-                 stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr, TMA_STORE: gl.constexpr,
-                 CONSUMERS: gl.constexpr, SUB: gl.constexpr, mma: gl.constexpr):
+    def _consume(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
+                 stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS: gl.constexpr,
+                 GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr,
+                 TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, STAGED: gl.constexpr, SUB: gl.constexpr,
+                 mma: gl.constexpr):
         """Every work item of this program (a tile, or with SPLITS > 1 one of a tile's SPLITS equal
         shares of the K blocks), the ``SUB``-th of its ``CONSUMERS`` row slices: the accumulator
         (without WS first the loads of the item's first STAGES blocks), then its store: with
@@ -217,8 +254,9 @@ if _IMPORT_ERROR is None:
                         _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, base + kb, k0 + kb, pid_m, pid_n, STAGES)
             rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, mma))
             bs_row = (pid_n * BLOCK_N // _BLOCK_K) * stride_bsn  # BLOCK_N divides 128: one B scale per K block
-            acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, (rows % M) * stride_asm,
-                              bs_row, stride_ask, base, k0, pid_m, pid_n, K_SPLIT, STAGES, WS, ROW0, SUB_M, mma)
+            acc = _accumulate(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr,
+                              (rows % M) * stride_asm, bs_row, stride_ask, base, k0, pid_m, pid_n, K_SPLIT, STAGES, WS,
+                              ROW0, SUB_M, STAGED, mma)
             if TMA_STORE:  # through shared memory; the TMA unit writes it out while the next tile runs
                 tma.store_wait(0)  # the last tile's store has read c_smem
                 c_smem.index(SUB).store(acc.to(c_out.dtype))
@@ -238,7 +276,8 @@ if _IMPORT_ERROR is None:
     def _fp8_gemm_gluon_kernel(a_desc, b_desc, as_ptr, bs_ptr, c_out, M, N, stride_asm, stride_ask, stride_bsn,
                                stride_cm, stride_split, K_BLOCKS: gl.constexpr, GROUP_M: gl.constexpr,
                                STAGES: gl.constexpr, SPLITS: gl.constexpr, WS: gl.constexpr,
-                               TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+                               TMA_STORE: gl.constexpr, CONSUMERS: gl.constexpr, STAGED: gl.constexpr,
+                               num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         # One warpgroup MMA per 16-row slab and warp group: warps stacked along M, instructions
@@ -252,27 +291,34 @@ if _IMPORT_ERROR is None:
             c_smem = gl.allocate_shared_memory(c_out.dtype, [CONSUMERS, BLOCK_M // CONSUMERS, BLOCK_N], c_out.layout)
         else:
             c_smem = a_bufs  # not used
+        if STAGED:  # per stage, the block's A scale and B scale of each of the tile's rows
+            sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], _SCALE_LAYOUT)
+            sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], _SCALE_LAYOUT)
+        else:
+            sa_bufs, sb_bufs = a_bufs, a_bufs  # not used
         if WS and CONSUMERS == 2:  # two consumer partitions of num_warps warps, each on half the rows
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
-                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
-                            SPLITS, WS, TMA_STORE, CONSUMERS, _SECOND, mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
+                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
+                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
+                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
+                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _SECOND, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, M, N,
+                            stride_asm, stride_ask, stride_bsn, K_BLOCKS, GROUP_M, STAGES, SPLITS, STAGED)),
             ], [num_warps, 1], [_CONSUMER_REGISTERS, _PRODUCER_REGISTERS])
         elif WS:
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N,
-                            stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES,
-                            SPLITS, WS, TMA_STORE, CONSUMERS, _FIRST, mma)),
-                (_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K_BLOCKS, GROUP_M, STAGES, SPLITS)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
+                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
+                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
+                (_produce, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, M, N,
+                            stride_asm, stride_ask, stride_bsn, K_BLOCKS, GROUP_M, STAGES, SPLITS, STAGED)),
             ], [1], [_PRODUCER_REGISTERS])
         else:
-            _consume(a_desc, b_desc, a_bufs, b_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M, N, stride_asm,
-                     stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES, SPLITS, WS, TMA_STORE,
-                     CONSUMERS, _FIRST, mma)
+            _consume(a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out, M,
+                     N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M, STAGES, SPLITS,
+                     WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)
         _invalidate(ready, empty, STAGES)
 
 
@@ -288,7 +334,7 @@ def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
 def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
                  block_m: int, block_n: int, stages: int, num_warps: int, warp_specialize: bool = False,
                  group_m: int = 8, programs: int | None = None, tma_store: bool = False,
-                 consumers: int = 1, split_k: int = 1) -> torch.Tensor:
+                 consumers: int = 1, split_k: int = 1, staged_scales: bool = False) -> torch.Tensor:
     """Write ``out`` [M, N] for validated, 16-byte-aligned contiguous operands (K a multiple of
     128, ``block_n`` dividing 128, ``block_m`` a multiple of ``16 * num_warps``). With
     ``warp_specialize`` a one-warp producer partition issues the TMA loads. ``programs`` (default
@@ -299,12 +345,15 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     warps that synchronize only through the stages' barriers (``block_m`` a multiple of
     ``32 * num_warps``). ``split_k > 1`` (dividing the K blocks) makes each tile ``split_k`` work
     items, one per equal share of its K blocks, and ``out`` a contiguous fp32 [split_k, M, N]
-    holding each share's partial product, stored from registers; the caller sums them."""
+    holding each share's partial product, stored from registers; the caller sums them.
+    ``staged_scales`` (with ``warp_specialize``) has the producer copy each K block's scales into
+    its stage beside the tiles, so the consumers read them from shared memory."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
-    if consumers not in (1, 2) or (consumers == 2 and not warp_specialize):
-        raise ValueError(f"gemm.fp8_block: the Gluon tiles take 1 consumer, or 2 with a producer partition; "
-                         f"got {consumers} (warp_specialize={warp_specialize})")
+    if consumers not in (1, 2) or ((consumers == 2 or staged_scales) and not warp_specialize):
+        raise ValueError(f"gemm.fp8_block: the Gluon tiles take 1 consumer, or 2 with a producer partition, and "
+                         f"stage scales only with one; got consumers={consumers}, staged_scales={staged_scales} "
+                         f"(warp_specialize={warp_specialize})")
     m, k = a.shape
     n = b.shape[0]
     if split_k < 1 or (k // BLOCK_K) % split_k or (split_k > 1 and (out.shape != (split_k, m, n) or
@@ -323,6 +372,6 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     _fp8_gemm_gluon_kernel[grid](a_desc, b_desc, a_scale, b_scale, c_out, m, n, a_scale.stride(0), a_scale.stride(1),
                                  b_scale.stride(0), out.stride(-2), out.stride(0) if split_k > 1 else 0, K_BLOCKS=k // BLOCK_K,
                                  GROUP_M=group_m, STAGES=stages, SPLITS=split_k, WS=warp_specialize,
-                                 TMA_STORE=tma_store, CONSUMERS=consumers, num_warps=num_warps,
+                                 TMA_STORE=tma_store, CONSUMERS=consumers, STAGED=staged_scales, num_warps=num_warps,
                                  **({"maxnreg": _WS_MAXNREG} if warp_specialize else {}))
     return out
