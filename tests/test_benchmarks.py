@@ -493,7 +493,8 @@ def test_a_staged_scales_candidate_launches_the_gluon_tiles_with_the_scales_stag
     launched = []
     monkeypatch.setattr(gemm, "num_sms", lambda device: 132)
     monkeypatch.setattr(gemm_gluon, "launch_gluon", lambda *args, **kwargs: launched.append((args[5:9], kwargs)))
-    label, run, _, k_split = gemm_prefill.candidate("gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4")
+    text = "gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4"
+    label, run, _, k_split = gemm_prefill.candidate(text)
     run(torch.empty(300, 1536), None, torch.empty(200, 1536), None)
     assert label == "gluon-ws 128x128 s4 w4 persistent tma-store two-consumers staged-scales" and k_split == 1
     assert launched == [((128, 128, 4, 4), {"warp_specialize": True, "programs": 132, "tma_store": True,

@@ -205,8 +205,8 @@ if _IMPORT_ERROR is None:
         odd_scale = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, mma))  # no odd block before the first
         for kb in range(0, K_BLOCKS - 1, 2):
             even = _issue_product(a_bufs, b_bufs, ready, even_done, base + kb, STAGES, ROW0, SUB_M)
-            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb, stride_ask, bs_row, sa_bufs, sb_bufs, base + kb,
-                                      STAGES, ROW0, SUB_M, STAGED)
+            even_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb, stride_ask, bs_row, sa_bufs, sb_bufs,
+                                      base + kb, STAGES, ROW0, SUB_M, STAGED)
             acc = acc + odd_done * odd_scale[:, None]
             odd = _issue_product(a_bufs, b_bufs, ready, odd_done, base + kb + 1, STAGES, ROW0, SUB_M)
             odd_scale = _block_scale(as_ptr, bs_ptr, scale_rows, k0 + kb + 1, stride_ask, bs_row, sa_bufs, sb_bufs,
@@ -298,20 +298,20 @@ if _IMPORT_ERROR is None:
             sa_bufs, sb_bufs = a_bufs, a_bufs  # not used
         if WS and CONSUMERS == 2:  # two consumer partitions of num_warps warps, each on half the rows
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
-                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
-                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
-                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
-                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _SECOND, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr,
+                            c_out, M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS,
+                            GROUP_M, STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr,
+                            c_out, M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS,
+                            GROUP_M, STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _SECOND, mma)),
                 (_produce, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, M, N,
                             stride_asm, stride_ask, stride_bsn, K_BLOCKS, GROUP_M, STAGES, SPLITS, STAGED)),
             ], [num_warps, 1], [_CONSUMER_REGISTERS, _PRODUCER_REGISTERS])
         elif WS:
             gl.warp_specialize([
-                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr, c_out,
-                            M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS, GROUP_M,
-                            STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
+                (_consume, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_smem, as_ptr, bs_ptr,
+                            c_out, M, N, stride_asm, stride_ask, stride_bsn, stride_cm, stride_split, K_BLOCKS,
+                            GROUP_M, STAGES, SPLITS, WS, TMA_STORE, CONSUMERS, STAGED, _FIRST, mma)),
                 (_produce, (a_desc, b_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, as_ptr, bs_ptr, M, N,
                             stride_asm, stride_ask, stride_bsn, K_BLOCKS, GROUP_M, STAGES, SPLITS, STAGED)),
             ], [1], [_PRODUCER_REGISTERS])
