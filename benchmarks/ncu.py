@@ -70,7 +70,6 @@ def _call(case: str):
     """The op call of ``case`` with its benchmark inputs, through its backend (a zero-argument
     callable; our GEMM at its untuned default, as the benchmark row)."""
     module, label, shape, backend = CASES[case]
-    os.environ["ENGINE_OPS_TUNE"] = "0"
     from bringup_kernels import registry
 
     if module == "ops":
@@ -80,6 +79,7 @@ def _call(case: str):
         impl = registry.get(op_name).load(backend)
         args, kwargs = make()
         return lambda: impl(*args, **kwargs)
+    os.environ["ENGINE_OPS_TUNE"] = "0"
     from .gemm import operands
 
     impl = registry.get(label).load(backend)
