@@ -225,6 +225,12 @@ if attn_gluon.gluon_reason() is None:
         fence_async_shared()
         gl.thread_barrier()  # the query's tiles and head scales are in place for both partitions
         widen_layout: gl.constexpr = _widen_layout(_WIDEN)
+        # The widening reads the codes and writes the fp16 tile free of bank conflicts (checked as it compiles).
+        widened: gl.constexpr = _widen_layout(_RANK)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [_BLOCK_N, _RANK], widened),
+                                           kv_codes.index(0).type) == 0)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float16, [_BLOCK_N, _RANK], widened),
+                                           kv16.index(0).type) == 0)
         gl.warp_specialize([
             (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
                           p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
