@@ -126,6 +126,17 @@ def direct_launch(on: bool) -> Iterator[bool]:
         yield backend_env.direct_launch_reason() is None
 
 
+@contextlib.contextmanager
+def launch_plans(on: bool) -> Iterator[str | None]:
+    """Eager calls of the ops declared with ``launch_plans=True`` served from recorded launch plans
+    (``ENGINE_OPS_LAUNCH_PLANS``) or not, inside the block; yields None when they are in force,
+    else why not (:func:`bringup_kernels.backend_env.launch_plans_reason`)."""
+    from bringup_kernels import backend_env, registry
+
+    with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "1" if on else "0"}):
+        yield backend_env.launch_plans_reason()
+
+
 def median_ms(fn: Callable[[], object], graph: bool = False) -> float:
     """Median milliseconds per call of ``fn``: CUDA-graph replays when ``graph``, else do_bench."""
     import triton.testing

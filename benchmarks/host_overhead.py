@@ -13,7 +13,9 @@ five such loops. Each backend of the op that can run here is timed twice: throug
 difference is the registry's dispatch. Kernel configurations are the untimed defaults
 (``ENGINE_OPS_TUNE=0``). The Triton backend is timed twice more with its kernels launched
 directly after their first call (``ENGINE_OPS_DIRECT_LAUNCH=1``, :mod:`bringup_kernels.triton.launch`),
-where Triton's version allows it.
+where Triton's version allows it, and twice more with its calls served from recorded launch
+plans in C++ (``ENGINE_OPS_LAUNCH_PLANS=1``, :mod:`bringup_kernels.launch_plans`; a row says why
+not where that cannot run, as when ``bringup_kernels._launch_plans`` is not built).
 
 Before the ops, the host's floor: rows for what any eager op call pays at least here: a
 ``torch.empty`` of a decode token's activation, one ATen kernel (an in-place add), and an
@@ -226,6 +228,10 @@ def measure(args) -> list[Row]:
                     if in_force:
                         row = backend_row(op_name, shape, make, backend, args.calls)
                         rows.append(dataclasses.replace(row, benchmark=row.benchmark + ", direct launch"))
+                with harness.launch_plans(True) as why_not:
+                    row = backend_row(op_name, shape, make, backend, args.calls) if why_not is None else \
+                        Row(f"host overhead {op_name} {backend}", shape, "-", "-", "-", "-", f"no launch plans: {why_not}")
+                    rows.append(dataclasses.replace(row, benchmark=row.benchmark + ", launch plans"))
     return rows
 
 

@@ -74,8 +74,28 @@ def direct_launch_reason() -> str | None:
     """None when the Triton kernels launch their compiled code directly after the first call of
     each specialization (:mod:`bringup_kernels.triton.launch`; ``ENGINE_OPS_DIRECT_LAUNCH=1``), else why
     every launch goes through Triton's ``JITFunction.run``."""
-    if os.environ.get("ENGINE_OPS_DIRECT_LAUNCH", "0").strip().lower() not in ("1", "true", "yes", "on"):
+    if not switched_on("ENGINE_OPS_DIRECT_LAUNCH"):
         return "off (ENGINE_OPS_DIRECT_LAUNCH=1 turns it on)"
+    return _launcher_unknown()
+
+
+@functools.lru_cache(maxsize=None)
+def launch_plans_reason() -> str | None:
+    """None when eager calls of the ops declared with ``launch_plans=True`` are served from
+    recorded launch plans in C++ (:mod:`bringup_kernels.launch_plans`; ``ENGINE_OPS_LAUNCH_PLANS=1``),
+    else why not."""
+    if not switched_on("ENGINE_OPS_LAUNCH_PLANS"):
+        return "off (ENGINE_OPS_LAUNCH_PLANS=1 turns it on)"
+    if _launcher_unknown():
+        return _launcher_unknown()
+    from .native import launch_plans_module
+
+    return launch_plans_module()[1]
+
+
+def _launcher_unknown() -> str | None:
+    """Why Triton's launcher here is not the one :mod:`bringup_kernels.triton.launch` and
+    :mod:`bringup_kernels.launch_plans` pass arguments to as it does, or None."""
     if _triton_import_error():
         return _triton_import_error()
     if interpret_mode():
@@ -123,6 +143,11 @@ def tuning_enabled() -> bool:
     """False when ``ENGINE_OPS_TUNE=0``: kernels with several configurations use each shape's
     default one, untimed, so outputs do not depend on timing (reproducible run to run)."""
     return not switched_off("ENGINE_OPS_TUNE")
+
+
+def switched_on(name: str) -> bool:
+    """Whether environment variable ``name`` turns its feature on (1, true, yes or on; unset: not)."""
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def switched_off(name: str) -> bool:
@@ -299,6 +324,7 @@ def _distribution_of(import_name: str) -> str | None:
 
 def reset() -> None:
     direct_launch_reason.cache_clear()
+    launch_plans_reason.cache_clear()
     dependent_launch_reason.cache_clear()
     _triton_import_error.cache_clear()
     _cuda_available.cache_clear()

@@ -73,6 +73,9 @@ class Op:
     ``exact`` lists the outputs that every backend must reproduce bit for bit.
     ``cases`` returns the op's A/B cases (see :mod:`bringup_kernels.cases`); ``tolerances`` overrides
     :data:`bringup_kernels.tolerance.TOLERANCES` per dtype where the op's math needs it (say why there).
+    ``launch_plans``: the Triton backend's every kernel is a Triton launch or an ATen op and its
+    choices depend on the arguments alone, so its eager calls may be served from recorded launch
+    plans (:mod:`bringup_kernels.launch_plans`, ``ENGINE_OPS_LAUNCH_PLANS=1``).
     """
 
     name: str
@@ -81,6 +84,7 @@ class Op:
     exact: tuple[str, ...] = ()
     cases: Callable[[bool], list] | None = None
     tolerances: dict = field(default_factory=dict)
+    launch_plans: bool = False
     backends: dict[str, str] = field(default_factory=dict)
     _impl: Callable[..., Any] | None = field(default=None, repr=False)
     _resolution: Resolution | None = field(default=None, repr=False)
@@ -135,7 +139,12 @@ class Op:
             module = importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 - any import failure is a reason to report
             raise BackendUnavailable(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
-        return perturb.wrap(self.name, backend, getattr(module, attr))
+        impl = getattr(module, attr)
+        if backend == "triton" and self.launch_plans:
+            from . import launch_plans  # imports Triton's launch module: only once Triton serves
+
+            impl = launch_plans.wrap(self.name, impl)
+        return perturb.wrap(self.name, backend, impl)
 
     def _first_available(self, chain: list[str]) -> tuple[str, Callable[..., Any], list[str]]:
         """The first backend of ``chain`` that serves this op: ``(name, impl, reasons of those skipped)``."""
@@ -210,6 +219,7 @@ def declare(
     exact: tuple[str, ...] = (),
     cases: Callable[[bool], list] | None = None,
     tolerances: dict | None = None,
+    launch_plans: bool = False,
 ) -> Op:
     """Declare op ``name`` with its torch reference; returns the callable :class:`Op`."""
     if name in _OPS:
@@ -219,7 +229,7 @@ def declare(
     unknown = set(exact) - set(outputs)
     if unknown:
         raise ValueError(f"op {name!r}: exact outputs {sorted(unknown)} are not among {outputs}")
-    op = Op(name, reference, tuple(outputs), tuple(exact), cases, dict(tolerances or {}))
+    op = Op(name, reference, tuple(outputs), tuple(exact), cases, dict(tolerances or {}), launch_plans)
     _OPS[name] = op
     return op
 
@@ -277,6 +287,9 @@ def report() -> dict[str, Any]:
     ``calls``: per op, the calls each backend ran so far (``{}``: the op never ran);
     ``tune``: whether kernel configurations may be chosen by timing (``ENGINE_OPS_TUNE``);
     ``direct_launch``: whether Triton kernels skip ``JITFunction.run`` after their first call, and why not;
+    ``launch_plans``: whether eager calls of the ops declared with ``launch_plans=True`` are served
+    from recorded launch plans, why not, and per such op resolved to Triton its plans, calls
+    served (hits), calls not (misses) and why keys were refused;
     ``perturbed``: the test-only perturbations in force (:mod:`bringup_kernels.perturb`; normally empty).
     """
     entries: dict[str, dict[str, Any]] = {}
@@ -305,6 +318,10 @@ def report() -> dict[str, Any]:
         "direct_launch": {"enabled": backend_env.direct_launch_reason() is None, "reason": backend_env.direct_launch_reason()},
         "dependent_launch": {"enabled": backend_env.dependent_launch_reason() is None,
                              "reason": backend_env.dependent_launch_reason()},
+        "launch_plans": {"enabled": backend_env.launch_plans_reason() is None,
+                         "reason": backend_env.launch_plans_reason(),
+                         "ops": {name: op._impl.plans_info() for name, op in ops().items()
+                                 if hasattr(op._impl, "plans_info")}},
         "perturbed": perturb.active(),
     }
 

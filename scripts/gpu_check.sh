@@ -17,7 +17,8 @@
 #              determinism-gpu image, the GEMM, fused-experts and MLA-decode A/B and 12 prompts; needs
 #              the pipeline's packages: pyyaml, rich, psutil): A/B dumps bitwise equal, tokens,
 #              logprobs and top-2 margins identical, kernel configs fixed by the stages (ENGINE_OPS_TUNE=0)
-#   native     python -m engine.native.build, then the _C tests (in the background from the start)
+#   native     python -m engine.native.build and bringup_kernels.native.build, then the _C and the
+#              launch-plan tests (in the background from the start; host_overhead's plan rows need it)
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
 #   sweep      the kernels' launch configurations side by side, for the families in SWEEPS (default
@@ -93,7 +94,9 @@ for n in b.LIBRARIES: print("library backend", n + ":", b.unavailable_reason(n) 
 
 if want native; then  # the native build needs only CPUs: run it beside the GPU steps
   ( timeout 300 $PY -m engine.native.build >"$OUT/native-build.log" 2>&1 && \
-    timeout 120 $PY -m pytest -q tests/test_engine_native.py >>"$OUT/native-build.log" 2>&1; echo "exit $?" >>"$OUT/native-build.log" ) &
+    timeout 300 $PY -m bringup_kernels.native.build >>"$OUT/native-build.log" 2>&1 && \
+    timeout 240 $PY -m pytest -q tests/test_engine_native.py tests/test_launch_plans.py >>"$OUT/native-build.log" 2>&1
+    echo "exit $?" >>"$OUT/native-build.log" ) &
   native_pid=$!
 fi
 

@@ -116,7 +116,7 @@ def _decode_cases(quick: bool) -> list[Case]:
 
 mla_prefill = declare("attn.mla_prefill", mla_prefill_reference, outputs=("o",), cases=_prefill_cases)
 mla_prefill.backend("triton", "bringup_kernels.triton.attn:mla_prefill")
-mla_decode = declare("attn.mla_decode", mla_decode_reference, outputs=("o",), cases=_decode_cases)
+mla_decode = declare("attn.mla_decode", mla_decode_reference, outputs=("o",), cases=_decode_cases, launch_plans=True)
 mla_decode.backend("triton", "bringup_kernels.triton.attn:mla_decode")
 mla_decode.backend("flash_mla", "bringup_kernels.vendor.flash_mla:mla_decode")
 mla_decode.backend("tilelang", "bringup_kernels.tilelang.attn:mla_decode")

@@ -50,7 +50,8 @@ def _cases(quick: bool) -> list[Case]:
 # its tolerance: its own rounding (3.9e-3) dominates.
 _FP8_ACCUMULATION = {torch.float32: Tolerance(atol=1e-6, rtol=1e-3)}
 
-fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases, tolerances=_FP8_ACCUMULATION)
+fp8_block = declare("gemm.fp8_block", fp8_block_reference, outputs=("out",), cases=_cases,
+                    tolerances=_FP8_ACCUMULATION, launch_plans=True)
 fp8_block.backend("triton", "bringup_kernels.triton.gemm:fp8_block")
 fp8_block.backend("deep_gemm", "bringup_kernels.vendor.deep_gemm:fp8_block")
 fp8_block.backend("tilelang", "bringup_kernels.tilelang.gemm:fp8_block")

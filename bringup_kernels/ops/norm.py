@@ -43,5 +43,5 @@ def _cases(quick: bool) -> list[Case]:
     return cases
 
 
-rmsnorm = declare("norm.rmsnorm", rmsnorm_reference, outputs=("y", "residual"), cases=_cases)
+rmsnorm = declare("norm.rmsnorm", rmsnorm_reference, outputs=("y", "residual"), cases=_cases, launch_plans=True)
 rmsnorm.backend("triton", "bringup_kernels.triton.norm:rmsnorm")

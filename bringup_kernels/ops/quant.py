@@ -123,7 +123,8 @@ def _weight_dequant_cases(quick: bool) -> list[Case]:
     return [Case(f"{n}x{k}-{str(dt)[6:]}", make(n, k, dt), quick=quick) for n, k in shapes for dt in (torch.bfloat16, torch.float32)]
 
 
-act_quant = declare("quant.act_quant", act_quant_reference, outputs=("q", "scale"), exact=("q", "scale"), cases=_act_quant_cases)
+act_quant = declare("quant.act_quant", act_quant_reference, outputs=("q", "scale"), exact=("q", "scale"),
+                    cases=_act_quant_cases, launch_plans=True)
 act_quant.backend("triton", "bringup_kernels.triton.quant:act_quant")
 act_quant.backend("tilelang", "bringup_kernels.tilelang.quant:act_quant")
 

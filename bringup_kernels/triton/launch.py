@@ -13,8 +13,8 @@ divisibility by 16 and width (i32, i64 or u64); the kind of a float, bool or Non
 options (``num_warps``, ...) and the current device. Calls with equal keys are served by the same
 compiled kernel in Triton too, so reusing it changes nothing but the host's time. Everything else
 goes through Triton on every call: another argument type, a grid given as a function, a launch
-hook installed (profilers), the interpreter, a Triton version whose launcher this was not written
-for, or the switch off (:func:`bringup_kernels.backend_env.direct_launch_reason`). Triton's knobs
+hook installed (profilers), a call being recorded (:mod:`bringup_kernels.launch_plans`), the
+interpreter, a Triton version whose launcher this was not written for, or the switch off (:func:`bringup_kernels.backend_env.direct_launch_reason`). Triton's knobs
 (``TRITON_DEBUG``, ...) changed after a key's first call are not seen by that key.
 
 A kernel with a ``PDL`` constexpr parameter, called without it, gets it here: True, with Triton's
@@ -39,6 +39,7 @@ except ImportError:  # Triton before 3.4 (no knobs): the direct launch is refuse
 from ..backend_env import dependent_launch_reason, direct_launch_reason
 
 _I32, _I64, _U64 = 0, 1, 2
+ROUTED_THROUGH_TRITON = False  # set while :func:`bringup_kernels.launch_plans.record` notes every launch
 
 
 def int_width(value: int) -> int:
@@ -87,8 +88,8 @@ class DirectLaunch(KernelInterface):
             kwargs["PDL"] = dependent_launch_reason() is None
             if kwargs["PDL"]:
                 kwargs["launch_pdl"] = True
-        if warmup or not self.jit or callable(grid) or direct_launch_reason() is not None or _launch_hooked() \
-                or self.fn.pre_run_hooks:
+        if warmup or not self.jit or callable(grid) or direct_launch_reason() is not None or launch_hooked() \
+                or self.fn.pre_run_hooks or ROUTED_THROUGH_TRITON:
             return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs)
         bound = self.bind(args, kwargs)
         if bound is None:
@@ -126,7 +127,7 @@ class DirectLaunch(KernelInterface):
         return values, options
 
 
-def _launch_hooked() -> bool:
+def launch_hooked() -> bool:
     """Whether a launch hook is installed (Triton 3.6 keeps an empty ``HookChain`` when none is;
     Triton's own launch then still builds the launch metadata and calls both chains)."""
     return any(hook is not None and bool(getattr(hook, "calls", True))
@@ -138,4 +139,4 @@ def direct(fn: Any) -> DirectLaunch:
     return DirectLaunch(fn)
 
 
-__all__ = ["DirectLaunch", "argument_key", "direct", "int_width"]
+__all__ = ["DirectLaunch", "argument_key", "direct", "int_width", "launch_hooked"]

@@ -17,14 +17,10 @@ after a torch change) or is stale (another API version), the Python fallback
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-import os
 import sys
-import sysconfig
-from pathlib import Path
 from types import ModuleType
 
+from bringup_kernels import native
 from bringup_kernels.registry import strict
 
 from . import python_ops
@@ -37,36 +33,10 @@ class NativeUnavailableError(RuntimeError):
     """``engine._C`` cannot serve and ENGINE_OPS_STRICT=1 refuses the Python fallback."""
 
 
-def _import(module_name: str) -> ModuleType:
-    """``engine._C`` from ``$ENGINE_NATIVE_DIR`` when set; any other module as usual."""
-    folder = os.environ.get(NATIVE_DIR)
-    if module_name != NATIVE_MODULE or not folder or module_name in sys.modules:
-        return importlib.import_module(module_name)
-    path = Path(folder) / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not path.is_file():
-        raise ModuleNotFoundError(f"no {path.name} in {NATIVE_DIR}={folder}", name=module_name)
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[module_name] = module
-    return module
-
-
 def unavailable_reason(module_name: str = NATIVE_MODULE) -> tuple[ModuleType | None, str | None]:
-    """Import ``module_name`` and check its API version: ``(module, None)`` or ``(None, why not)``."""
-    try:
-        module = _import(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            where = f" in {NATIVE_DIR}={os.environ[NATIVE_DIR]}" if module_name == NATIVE_MODULE and os.environ.get(NATIVE_DIR) else ""
-            return None, f"{module_name} is not built{where} (run: python -m engine.native.build{' --out DIR' if where else ''})"
-        return None, f"importing {module_name} failed: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any load failure is a reason to report
-        return None, f"importing {module_name} failed: {type(exc).__name__}: {exc}"
-    version = getattr(module, "api_version", lambda: None)()
-    if version != python_ops.API_VERSION:
-        return None, f"{module_name} is stale (API version {version}, expected {python_ops.API_VERSION}); rebuild it"
-    return module, None
+    """Import ``module_name`` (``engine._C`` from ``$ENGINE_NATIVE_DIR`` when set) and check its
+    API version: ``(module, None)`` or ``(None, why not)``."""
+    return native.load(module_name, NATIVE_DIR, python_ops.API_VERSION, "python -m engine.native.build")
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,10 +10,10 @@ path of the built file. Exit status 0 on success, 1 when the compiler fails.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from bringup_kernels.native.build import build_extension
 
 SOURCES = Path(__file__).resolve().parent
 PACKAGE_ROOT = SOURCES.parent.parent
@@ -21,29 +21,7 @@ PACKAGE_ROOT = SOURCES.parent.parent
 
 def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
     """Compile ``_C`` so that it lands at ``out_root/engine/_C<EXT_SUFFIX>``; return that path."""
-    from setuptools import Extension, setup
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
-
-    sources = sorted(str(p) for p in SOURCES.glob("*.cpp"))
-    ext: Extension = CppExtension("engine._C", sources, extra_compile_args=["-O2"])
-    out_root = Path(out_root).resolve()
-    with tempfile.TemporaryDirectory(prefix="engine-c-build-") as tmp:
-        # setup() reads the working folder's pyproject.toml: build from an empty one, so that the
-        # project's packaging metadata (which an image's older setuptools may not read) stays out.
-        here = os.getcwd()
-        os.chdir(tmp)
-        try:
-            setup(
-                name="engine-native",
-                ext_modules=[ext],
-                cmdclass={"build_ext": BuildExtension},
-                script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root), "--build-temp", tmp],
-            )
-        finally:
-            os.chdir(here)
-    import sysconfig
-
-    return Path(out_root) / "engine" / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+    return build_extension("engine._C", sorted(SOURCES.glob("*.cpp")), out_root, verbose=verbose)
 
 
 def main(argv: list[str] | None = None) -> int:

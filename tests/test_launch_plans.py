@@ -1,0 +1,232 @@
+"""Launch plans (bringup_kernels.launch_plans and its C++ table): a plan serves a key's third
+call with fresh outputs, keys tell apart what a wrapper may branch on, calls that compute outside
+Triton keep the Python path, the plan's parameters are laid out as Triton's own launcher lays them
+out, and on a GPU every op declared with plans gives the Python path's bits."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+
+from bringup_kernels import backend_env, launch_plans, native, registry
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``bringup_kernels._launch_plans``: the in-place build when present and current, else one
+    built now into a temp dir (loaded from there through ENGINE_OPS_NATIVE_DIR)."""
+    module, reason = native.launch_plans_module()
+    if module is not None:
+        return module
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip(f"no C++ compiler to build bringup_kernels._launch_plans ({reason})")
+    from bringup_kernels.native.build import build
+
+    path = build(tmp_path_factory.mktemp("plans"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(native.PLANS_DIR, str(path.parent))
+        module, reason = native.launch_plans_module()
+    assert module is not None, reason
+    return module
+
+
+@pytest.fixture
+def plans_on(built, monkeypatch):
+    monkeypatch.setenv("ENGINE_OPS_LAUNCH_PLANS", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    backend_env.reset()
+    assert backend_env.launch_plans_reason() is None
+    yield
+    monkeypatch.undo()
+    backend_env.reset()
+
+
+def norm_like(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """A wrapper without kernels: allocations and views only, as a norm's wrapper does around its launch."""
+    n = x.shape[-1]
+    y = torch.empty(x.reshape(-1, n).shape, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        return y.view(x.shape), residual[1:]
+    return y.view(x.shape)
+
+
+def test_a_plan_serves_the_third_call_with_fresh_outputs(plans_on):
+    op = launch_plans.wrap("test.norm_like", norm_like)
+    assert isinstance(op, launch_plans.Planned)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    outs = [op(x, w, 1e-6) for _ in range(4)]
+    assert op.plans_info() == {"plans": 1, "hits": 2, "misses": 2, "refused": {}}
+    storages = {o.untyped_storage().data_ptr() for o in outs}
+    assert len(storages) == 4  # each call its own output
+    for o in outs:
+        assert (o.shape, o.stride(), o.dtype, o.device) == (x.shape, x.stride(), x.dtype, x.device)
+    residual = torch.randn(5, 64)
+    for _ in range(3):
+        y, tail = op(x, w, residual=residual)
+    assert op.plans_info()["plans"] == 2 and op.plans_info()["hits"] == 3
+    assert tail.untyped_storage().data_ptr() == residual.untyped_storage().data_ptr()
+    assert tail.data_ptr() == residual[1:].data_ptr() and tail.shape == (4, 64) and y.shape == x.shape
+    fresh = torch.randn(5, 64)  # another tensor of the same key: the view follows it
+    _, tail = op(x, w, residual=fresh)
+    assert tail.data_ptr() == fresh[1:].data_ptr() and torch.equal(tail, fresh[1:])
+
+
+def test_keys_tell_apart_what_a_wrapper_may_branch_on(built):
+    table = built.Table(lambda *a: None, None, None)
+    x = torch.randn(4, 64)
+    base = table.key(x, 1e-6)
+    assert base == table.key(torch.randn(4, 64), 1e-6)  # values of the elements do not count
+    for other in [table.key(x.bfloat16(), 1e-6), table.key(torch.randn(4, 32), 1e-6), table.key(x.t(), 1e-6),
+                  table.key(torch.randn(4, 65)[:, 1:], 1e-6), table.key(x, 1e-5), table.key(x, eps=1e-6),
+                  table.key(x, 1), table.key(x, True), table.key(x, None), table.key(x, "1e-6"),
+                  table.key(x, torch.float32)]:
+        assert other not in (None, base)
+    assert table.key(x, [1]) is None and table.key(x, object()) is None  # not keyed: the Python path
+    assert table.key(x, dtype=torch.float32) != table.key(x, dtype=torch.bfloat16)
+
+
+def test_calls_that_compute_outside_triton_keep_the_python_path(plans_on):
+    def computes(x):
+        return x + 1
+
+    def aliased(x, y):
+        out = torch.empty_like(x)
+        return out, y[2:]
+
+    op = launch_plans.wrap("test.computes", computes)
+    x = torch.randn(8)
+    for _ in range(4):
+        assert torch.equal(op(x), x + 1)
+    assert op.plans_info() == {"plans": 0, "hits": 0, "misses": 4,
+                               "refused": {"the call runs aten::add (not a Triton launch)": 1}}
+    op = launch_plans.wrap("test.aliased", aliased)
+    for _ in range(3):
+        op(x, x[1:])  # y's view lies inside x as well: which one it came from is unknowable
+    assert op.plans_info()["refused"] == {"an address lies in 2 tensor arguments": 1}
+    op = launch_plans.wrap("test.scalar", lambda x: x.shape[0])
+    for _ in range(3):
+        assert op(x) == 8
+    assert op.plans_info()["refused"] == {"the op returns a int, not a tensor or a tuple of tensors": 1}
+
+
+def test_no_plans_unless_switched_on_and_built(monkeypatch, tmp_path):
+    monkeypatch.delenv("ENGINE_OPS_LAUNCH_PLANS", raising=False)
+    backend_env.reset()
+    assert backend_env.launch_plans_reason() == "off (ENGINE_OPS_LAUNCH_PLANS=1 turns it on)"
+    assert launch_plans.wrap("test.norm_like", norm_like) is norm_like
+    monkeypatch.setenv("ENGINE_OPS_LAUNCH_PLANS", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    backend_env.reset()
+    assert "interpreter" in backend_env.launch_plans_reason()
+    report = registry.report()["launch_plans"]
+    assert report["enabled"] is False and "interpreter" in report["reason"]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(native.PLANS_DIR, str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, native.PLANS_MODULE, raising=False)
+    backend_env.reset()
+    assert backend_env.launch_plans_reason().startswith(f"bringup_kernels._launch_plans is not built in {native.PLANS_DIR}=")
+    monkeypatch.undo()
+    backend_env.reset()
+
+
+# Triton's launcher declares each kernel parameter with one of these C types.
+_C_TYPES = {"CUdeviceptr": ("ptr", 8), "CUtensorMap": ("tma", 128), "int8_t": ("raw", 1), "int16_t": ("raw", 2),
+            "int32_t": ("raw", 4), "int64_t": ("raw", 8), "uint8_t": ("raw", 1), "uint16_t": ("raw", 2),
+            "uint32_t": ("raw", 4), "uint64_t": ("raw", 8)}
+
+
+def _tritons_parameters(signature: list[str], descriptors: list) -> list[tuple[str, int]]:
+    """The parameters (kind, bytes) of the launcher Triton generates for ``signature``, read from
+    its C source: the arguments of ``_launch`` after the grid and launch options, then the two
+    scratch pointers, which it passes last."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    source = make_launcher({}, dict(enumerate(signature)), descriptors)
+    declared = re.search(r"static void _launch\((.*?)\) \{", source).group(1).split(", ")
+    start = next(i for i, d in enumerate(declared) if d.endswith("profile_scratch")) + 1
+    return [_C_TYPES[d.rsplit(" ", 1)[0]] for d in declared[start:]] + [("ptr", 8)] * 2
+
+
+def test_parameters_match_tritons_launcher():
+    """Every scalar type, pointers, constexprs and both forms of a host tensor descriptor (a TMA
+    descriptor, or pointer, shape and strides) against the launcher Triton generates."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.randn(64, 256)
+    desc = TensorDescriptor(x, [64, 256], [256, 1], [16, 128])
+    meta = {"swizzle": 3, "elem_size": 4, "elem_type": 7, "block_size": [16, 128], "fp4_padded": False}
+    scalars = ["i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64", "fp16", "fp32", "fp64"]
+    values = [True, -3, 300, 70000, 2**40, 1, 200, 60000, 2**31, 2**63, 0.5, 1e-6, 1e-300]
+    for signature, args, descriptors in [
+        (["*fp32", "constexpr", *scalars, "*bf16"], [x, 4, *values, None], []),
+        (["tensordesc<fp32[16, 128]>", "i32", "tensordesc<fp32[16, 128]>"], [desc, 7, desc], [meta, meta]),
+        (["*fp32", "tensordesc<fp32[16, 128]>"], [x, desc], []),
+    ]:
+        sources = launch_plans._Sources([x], [])
+        ours = [(p[0], len(p[1]) if p[0] == "raw" else 8 if p[0] == "ptr" else 128)
+                for p in launch_plans.parameters(sources, "k", signature, args, descriptors)]
+        assert ours == _tritons_parameters(signature, descriptors)
+    tma = launch_plans.parameters(launch_plans._Sources([x], []), "k", ["tensordesc<fp32[16, 128]>"], [desc], [meta])[0]
+    # the driver's order: innermost dimension first, strides in bytes without the innermost's
+    assert tma == ("tma", (launch_plans._INPUT, 0, 0), 7, [256, 64], [1024], [128, 16], 3, 0)
+    scalar_bytes = launch_plans.parameters(launch_plans._Sources([], []), "k", ["fp32", "i64"], [1e-6, -2], [])
+    assert scalar_bytes[:2] == [("raw", torch.tensor([1e-6]).numpy().tobytes(), 4), ("raw", (-2).to_bytes(8, "little", signed=True), 8)]
+
+
+def test_recording_routes_direct_launches_through_triton(plans_on):
+    """While a call is recorded the direct launch steps aside, so that every launch is seen."""
+    from bringup_kernels.triton import launch
+
+    seen = []
+    out, plan, why = launch_plans.record(lambda: seen.append(launch.ROUTED_THROUGH_TRITON) or torch.empty(3), (), {})
+    assert seen == [True] and launch.ROUTED_THROUGH_TRITON is False
+    assert plan is not None and why is None and plan[0] == [(12, -1)] and plan[1] == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_planned_calls_give_the_python_paths_bits_on_gpu(built, monkeypatch):
+    """Each op with plans, five calls on one set of inputs and two on another of the same key
+    (the plan then serves calls 3-7), against the op through Triton; aligned and misaligned
+    inputs; the decode with an FP8 cache runs its Gluon kernel; the K-split GEMM its sum."""
+    from bringup_kernels.ops import attn, gemm, norm, quant
+    from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
+
+    from benchmarks.ops import decode_inputs
+
+    def calls(seed: int, offset: int):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(3, 7168 + offset, device="cuda", dtype=torch.bfloat16, generator=g)[:, offset:]
+        res = torch.randn(3, 7168, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = torch.rand(7168, device="cuda", dtype=torch.bfloat16, generator=g) + 0.5
+        a1, sa1 = act_quant_reference(torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16, generator=g))
+        a, sa = act_quant_reference(torch.randn(128, 7168, device="cuda", dtype=torch.bfloat16, generator=g))
+        b, sb = quantize_weight(torch.randn(2112, 7168, device="cuda", generator=g) / 85)
+        args, kwargs = decode_inputs(2, 16, 1024, page=64, dev="cuda")
+        fp8_args, fp8_kwargs = decode_inputs(2, 16, 1024, fp8=True, page=64, dev="cuda")
+        return [lambda: norm.rmsnorm(x, w), lambda: norm.rmsnorm(x, w, residual=res), lambda: quant.act_quant(x),
+                lambda: gemm.fp8_block(a1, sa1, b, sb), lambda: gemm.fp8_block(a, sa, b, sb),
+                lambda: attn.mla_decode(*args, **kwargs), lambda: attn.mla_decode(*fp8_args, **fp8_kwargs)]
+
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "0")
+    for offset in (0, 1):
+        first, second = calls(1, offset), calls(2, offset)
+        with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "1"}):
+            planned = [[call() for _ in range(5)] for call in first] + [[call() for _ in range(2)] for call in second]
+            info = registry.report()["launch_plans"]
+        assert info["enabled"], info
+        for name in ("norm.rmsnorm", "quant.act_quant", "gemm.fp8_block", "attn.mla_decode"):
+            assert info["ops"][name]["hits"] > 0 or (offset and name == "quant.act_quant"), (name, info["ops"][name])
+            assert not info["ops"][name]["refused"] or offset, (name, info["ops"][name])  # offset 1: act_quant copies x
+        with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "0"}):
+            reference = [call() for call in first + second]
+        for ref, got in zip(reference, planned):
+            for out in got:
+                for rt, dt in zip(ref if isinstance(ref, tuple) else (ref,), out if isinstance(out, tuple) else (out,)):
+                    assert rt.shape == dt.shape and rt.stride() == dt.stride() and rt.dtype == dt.dtype
+                    assert torch.equal(rt.view(torch.uint8), dt.view(torch.uint8))
+    monkeypatch.undo()
+    backend_env.reset()
