@@ -229,8 +229,9 @@ def measure(args) -> list[Row]:
                         row = backend_row(op_name, shape, make, backend, args.calls)
                         rows.append(dataclasses.replace(row, benchmark=row.benchmark + ", direct launch"))
                 with harness.launch_plans(True) as why_not:
+                    label = f"host overhead {op_name} {backend}"
                     row = backend_row(op_name, shape, make, backend, args.calls) if why_not is None else \
-                        Row(f"host overhead {op_name} {backend}", shape, "-", "-", "-", "-", f"no launch plans: {why_not}")
+                        Row(label, shape, "-", "-", "-", "-", f"no launch plans: {why_not}")
                     rows.append(dataclasses.replace(row, benchmark=row.benchmark + ", launch plans"))
     return rows
 

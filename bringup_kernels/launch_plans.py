@@ -179,12 +179,14 @@ def _output(sources: _Sources, t: torch.Tensor) -> tuple:
         empty = [i for i, b in enumerate(sources.buffers) if b.nbytes == 0 and b.tensor.device == t.device]
         if not empty:
             raise NotReplayable("an output without storage that the call did not allocate")
-        return (_BUFFER, sources.used.setdefault(empty[0], len(sources.used)), 0), t.dtype, list(t.shape), list(t.stride())
+        ref = (_BUFFER, sources.used.setdefault(empty[0], len(sources.used)), 0)
+        return ref, t.dtype, list(t.shape), list(t.stride())
     ref = sources.ref(t.data_ptr(), None)
     if ref[0] == _INPUT:
         on_its_storage = storage == sources.tensors[ref[1]].untyped_storage().data_ptr()
     else:  # a buffer (a fixed address without a holder is refused by ref())
-        on_its_storage = storage == next(b.address for i, b in enumerate(sources.buffers) if sources.used.get(i) == ref[1])
+        on_its_storage = storage == next(b.address for i, b in enumerate(sources.buffers)
+                                         if sources.used.get(i) == ref[1])
     if not on_its_storage:
         raise NotReplayable("an output inside an argument or a buffer but not on its storage")
     if ref[2] % t.element_size():

@@ -127,7 +127,8 @@ def test_no_plans_unless_switched_on_and_built(monkeypatch, tmp_path):
     monkeypatch.setenv(native.PLANS_DIR, str(tmp_path))
     monkeypatch.delitem(__import__("sys").modules, native.PLANS_MODULE, raising=False)
     backend_env.reset()
-    assert backend_env.launch_plans_reason().startswith(f"bringup_kernels._launch_plans is not built in {native.PLANS_DIR}=")
+    expected = f"bringup_kernels._launch_plans is not built in {native.PLANS_DIR}="
+    assert backend_env.launch_plans_reason().startswith(expected)
     monkeypatch.undo()
     backend_env.reset()
 
@@ -173,7 +174,8 @@ def test_parameters_match_tritons_launcher():
     # the driver's order: innermost dimension first, strides in bytes without the innermost's
     assert tma == ("tma", (launch_plans._INPUT, 0, 0), 7, [256, 64], [1024], [128, 16], 3, 0)
     scalar_bytes = launch_plans.parameters(launch_plans._Sources([], []), "k", ["fp32", "i64"], [1e-6, -2], [])
-    assert scalar_bytes[:2] == [("raw", torch.tensor([1e-6]).numpy().tobytes(), 4), ("raw", (-2).to_bytes(8, "little", signed=True), 8)]
+    assert scalar_bytes[:2] == [("raw", torch.tensor([1e-6]).numpy().tobytes(), 4),
+                                ("raw", (-2).to_bytes(8, "little", signed=True), 8)]
 
 
 def test_recording_routes_direct_launches_through_triton(plans_on):
@@ -230,3 +232,36 @@ def test_planned_calls_give_the_python_paths_bits_on_gpu(built, monkeypatch):
                     assert torch.equal(rt.view(torch.uint8), dt.view(torch.uint8))
     monkeypatch.undo()
     backend_env.reset()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_kernel_plans_recipe_builds_into_the_images_folder_and_loads_from_there(tmp_path):
+    """The pipeline's build stage with the kernel-plans recipe: the extension lands in the image's
+    own folder, and a process given the exported folder serves plans from that build."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("schema: 1\nreference: here\nimages:\n  here: {runner: local, recipes: [kernel-plans]}\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    build = [sys.executable, "-m", "bringup", "build", "--matrix", str(matrix), "--image", "here",
+             "--artifacts", str(tmp_path / "artifacts")]
+    proc = subprocess.run(build, capture_output=True, text=True, cwd=repo, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "artifacts" / "here" / "build.json").read_text())
+    folder = tmp_path / "artifacts" / "here" / "build" / "kernel-plans" / "bringup_kernels"
+    assert record["exports"] == {native.PLANS_DIR: str(folder)}
+    (target,) = record["targets"]
+    assert target["status"] == "passed" and [Path(p).parent for p in target["so_files"]] == [folder]
+    check = ("import json; from bringup_kernels import backend_env, native; m, why = native.launch_plans_module(); "
+             "print(json.dumps([backend_env.launch_plans_reason(), m.__file__]))")
+    plans_env = {**env, native.PLANS_DIR: str(folder), "ENGINE_OPS_LAUNCH_PLANS": "1", "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=repo, timeout=120,
+                          env=plans_env)
+    assert proc.returncode == 0, proc.stderr
+    reason, module_file = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert reason is None and Path(module_file).parent == folder

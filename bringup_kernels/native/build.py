@@ -43,7 +43,8 @@ def build_extension(module_name: str, sources: list[Path], out_root: Path, inclu
                 name=module_name.replace(".", "-"),
                 ext_modules=[ext],
                 cmdclass={"build_ext": BuildExtension},
-                script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root), "--build-temp", tmp],
+                script_args=["-q" if not verbose else "-v", "build_ext", "--build-lib", str(out_root),
+                             "--build-temp", tmp],
             )
         finally:
             os.chdir(here)
@@ -63,12 +64,15 @@ def cuda_include_dir() -> str:
 
 def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
     """Compile ``bringup_kernels._launch_plans`` under ``out_root``; return the built file's path."""
-    return build_extension("bringup_kernels._launch_plans", [SOURCES / "launch_plans.cpp"], out_root, [cuda_include_dir()], verbose)
+    return build_extension("bringup_kernels._launch_plans", [SOURCES / "launch_plans.cpp"], out_root,
+                           [cuda_include_dir()], verbose)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bringup_kernels.native.build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT, help="root under which bringup_kernels/_launch_plans*.so is written")
+    parser = argparse.ArgumentParser(prog="python -m bringup_kernels.native.build",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT,
+                        help="root under which bringup_kernels/_launch_plans*.so is written")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     try:

@@ -65,7 +65,8 @@ void check_cuda(CUresult result, const char* what) {
   if (result == CUDA_SUCCESS) return;
   const char* text = nullptr;
   driver().error_string(result, &text);
-  throw std::runtime_error(std::string("bringup_kernels._launch_plans: ") + what + ": " + (text ? text : "unknown error"));
+  throw std::runtime_error(std::string("bringup_kernels._launch_plans: ") + what + ": " +
+                           (text ? text : "unknown error"));
 }
 
 // ---- the key -----------------------------------------------------------------------------------
@@ -257,7 +258,8 @@ Plan parse_plan(py::handle h) {
   for (py::handle l : py::reinterpret_borrow<py::sequence>(t[1])) plan.launches.push_back(parse_launch(l));
   for (py::handle o : py::reinterpret_borrow<py::sequence>(t[2])) {
     auto ot = py::reinterpret_borrow<py::tuple>(o);
-    if (!THPDtype_Check(ot[1].ptr())) throw py::value_error("bringup_kernels._launch_plans: an output's dtype is not a torch.dtype");
+    if (!THPDtype_Check(ot[1].ptr()))
+      throw py::value_error("bringup_kernels._launch_plans: an output's dtype is not a torch.dtype");
     Output out{parse_ref(ot[0]), reinterpret_cast<THPDtype*>(ot[1].ptr())->scalar_type,
                py::cast<std::vector<int64_t>>(ot[2]), py::cast<std::vector<int64_t>>(ot[3])};
     plan.outputs.push_back(std::move(out));
@@ -357,7 +359,8 @@ class Table {
     return py::object(result);
   }
 
-  static void launch(Launch& l, CUstream stream, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& buffers) {
+  static void launch(Launch& l, CUstream stream, const std::vector<at::Tensor>& inputs,
+                     const std::vector<at::Tensor>& buffers) {
     std::vector<uint8_t> scratch(l.block.size() + 64);  // the parameters of this launch, 64-byte aligned (TMA)
     uint8_t* block = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(scratch.data()), 64));
     std::memcpy(block, l.block.data(), l.block.size());
@@ -367,11 +370,12 @@ class Table {
     }
     for (Tma& m : l.maps) {
       void* base = reinterpret_cast<void*>(address(m.base, inputs, buffers));
-      check_cuda(driver().encode(reinterpret_cast<CUtensorMap*>(block + m.at), static_cast<CUtensorMapDataType>(m.dtype),
-                                 m.rank, base, m.dims, m.strides, m.box, m.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 static_cast<CUtensorMapSwizzle>(m.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                 static_cast<CUtensorMapFloatOOBfill>(m.fill)),
-                 "cuTensorMapEncodeTiled");
+      CUresult encoded = driver().encode(
+          reinterpret_cast<CUtensorMap*>(block + m.at), static_cast<CUtensorMapDataType>(m.dtype), m.rank, base, m.dims,
+          m.strides, m.box, m.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+          static_cast<CUtensorMapSwizzle>(m.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+          static_cast<CUtensorMapFloatOOBfill>(m.fill));
+      check_cuda(encoded, "cuTensorMapEncodeTiled");
     }
     std::vector<void*> params(l.offsets.size());
     for (size_t i = 0; i < params.size(); ++i) params[i] = block + l.offsets[i];
@@ -406,7 +410,8 @@ class Table {
     check_cuda(driver().launch(&config, l.function, params.data(), nullptr), "cuLaunchKernelEx");
   }
 
-  static py::object view(const Output& o, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& buffers) {
+  static py::object view(const Output& o, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& buffers) {
     const at::Tensor& source = o.ref.source == INPUT ? inputs[o.ref.index] : buffers[o.ref.index];
     c10::Storage storage = source.storage();
     int64_t byte_offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(source.data_ptr()) -

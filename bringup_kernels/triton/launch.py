@@ -14,8 +14,9 @@ options (``num_warps``, ...) and the current device. Calls with equal keys are s
 compiled kernel in Triton too, so reusing it changes nothing but the host's time. Everything else
 goes through Triton on every call: another argument type, a grid given as a function, a launch
 hook installed (profilers), a call being recorded (:mod:`bringup_kernels.launch_plans`), the
-interpreter, a Triton version whose launcher this was not written for, or the switch off (:func:`bringup_kernels.backend_env.direct_launch_reason`). Triton's knobs
-(``TRITON_DEBUG``, ...) changed after a key's first call are not seen by that key.
+interpreter, a Triton version whose launcher this was not written for, or the switch off
+(:func:`bringup_kernels.backend_env.direct_launch_reason`). Triton's knobs (``TRITON_DEBUG``, ...)
+changed after a key's first call are not seen by that key.
 
 A kernel with a ``PDL`` constexpr parameter, called without it, gets it here: True, with Triton's
 ``launch_pdl`` option, where :func:`bringup_kernels.backend_env.dependent_launch_reason` allows the
