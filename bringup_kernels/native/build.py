@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 SOURCES = Path(__file__).resolve().parent
 PACKAGE_ROOT = SOURCES.parent.parent
@@ -68,20 +69,28 @@ def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
                            [cuda_include_dir()], verbose)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bringup_kernels.native.build",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT,
-                        help="root under which bringup_kernels/_launch_plans*.so is written")
+def command_line(argv: list[str] | None, prog: str, description: str, module_name: str, out_help: str,
+                 build_into: Callable[[Path, bool], Path]) -> int:
+    """The build command of one extension: ``PROG [--out DIR] [--verbose]`` (``--out`` defaults to
+    the folder holding this project's packages); prints the built file's path (exit 0) or why
+    the build failed (exit 1)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT, help=out_help)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     try:
-        path = build(args.out, args.verbose)
+        path = build_into(args.out, args.verbose)
     except (SystemExit, Exception) as exc:  # noqa: BLE001 - setuptools reports compiler errors as SystemExit
-        print(f"error: building bringup_kernels._launch_plans failed: {exc}", file=sys.stderr)
+        print(f"error: building {module_name} failed: {exc}", file=sys.stderr)
         return 1
     print(f"built {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_line(argv, "python -m bringup_kernels.native.build", __doc__.split("\n\n")[0],
+                        "bringup_kernels._launch_plans", "root under which bringup_kernels/_launch_plans*.so is written",
+                        build)
 
 
 if __name__ == "__main__":

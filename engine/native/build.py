@@ -9,11 +9,10 @@ path of the built file. Exit status 0 on success, 1 when the compiler fails.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from bringup_kernels.native.build import build_extension
+from bringup_kernels.native.build import build_extension, command_line
 
 SOURCES = Path(__file__).resolve().parent
 PACKAGE_ROOT = SOURCES.parent.parent
@@ -25,17 +24,8 @@ def build(out_root: Path = PACKAGE_ROOT, verbose: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.native.build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=PACKAGE_ROOT, help="root under which engine/_C*.so is written")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        path = build(args.out, args.verbose)
-    except (SystemExit, Exception) as exc:  # noqa: BLE001 - setuptools reports compiler errors as SystemExit
-        print(f"error: building engine._C failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"built {path}")
-    return 0
+    return command_line(argv, "python -m engine.native.build", __doc__.split("\n\n")[0], "engine._C",
+                        "root under which engine/_C*.so is written", build)
 
 
 if __name__ == "__main__":
