@@ -86,6 +86,9 @@ def test_keys_tell_apart_what_a_wrapper_may_branch_on(built):
         assert other not in (None, base)
     assert table.key(x, [1]) is None and table.key(x, object()) is None  # not keyed: the Python path
     assert table.key(x, dtype=torch.float32) != table.key(x, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="not a sequence"):
+        table.add(base, ([], 5, [], False, ()))  # a malformed plan is refused, not read blindly
+    assert len(table) == 0
 
 
 def test_calls_that_compute_outside_triton_keep_the_python_path(plans_on):

@@ -177,16 +177,23 @@ struct Plan {
 
 int64_t as_int(py::handle h) { return py::cast<int64_t>(h); }
 
+// `h` as a sequence (a tuple or a list, as launch_plans.py builds them); TypeError otherwise.
+py::sequence items(py::handle h) {
+  if (!PySequence_Check(h.ptr()))
+    throw py::type_error("bringup_kernels._launch_plans: a plan's part is not a sequence");
+  return py::reinterpret_borrow<py::sequence>(h);
+}
+
 Ref parse_ref(py::handle h) {
-  auto t = py::reinterpret_borrow<py::tuple>(h);
+  py::sequence t = items(h);
   return Ref{static_cast<int>(as_int(t[0])), as_int(t[1]), as_int(t[2])};
 }
 
 template <typename T>
 void fill(T* out, py::handle list, size_t limit) {
-  auto items = py::reinterpret_borrow<py::sequence>(list);
-  if (items.size() > limit) throw py::value_error("bringup_kernels._launch_plans: a TMA descriptor of rank > 5");
-  for (size_t i = 0; i < items.size(); ++i) out[i] = static_cast<T>(py::cast<uint64_t>(items[i]));
+  py::sequence values = items(list);
+  if (values.size() > limit) throw py::value_error("bringup_kernels._launch_plans: a TMA descriptor of rank > 5");
+  for (size_t i = 0; i < values.size(); ++i) out[i] = static_cast<T>(py::cast<uint64_t>(values[i]));
 }
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -195,11 +202,11 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // a param is ("raw", bytes, alignment), ("ptr", ref) or ("tma", ref, dtype, dims, strides, box,
 // swizzle, fill) with the dims, strides (bytes, one fewer) and box innermost first.
 Launch parse_launch(py::handle h) {
-  auto t = py::reinterpret_borrow<py::tuple>(h);
+  py::sequence t = items(h);
   Launch l;
   l.keep = py::reinterpret_borrow<py::object>(t[0]);
   l.function = reinterpret_cast<CUfunction>(static_cast<uintptr_t>(py::cast<uint64_t>(t[1])));
-  auto grid = py::reinterpret_borrow<py::tuple>(t[2]);
+  py::sequence grid = items(t[2]);
   for (size_t i = 0; i < 3; ++i) l.grid[i] = py::cast<unsigned>(grid[i]);
   l.threads = py::cast<unsigned>(t[3]);
   l.ctas = py::cast<unsigned>(t[4]);
@@ -208,8 +215,8 @@ Launch parse_launch(py::handle h) {
   l.cooperative = py::cast<bool>(t[7]);
   size_t size = 0;
   std::vector<std::pair<size_t, std::string>> raw;
-  for (py::handle p : py::reinterpret_borrow<py::sequence>(t[8])) {
-    auto param = py::reinterpret_borrow<py::tuple>(p);
+  for (py::handle p : items(t[8])) {
+    py::sequence param = items(p);
     std::string kind = py::cast<std::string>(param[0]);
     if (kind == "raw") {
       std::string bytes = py::cast<std::string>(param[1]);
@@ -249,15 +256,15 @@ Launch parse_launch(py::handle h) {
 // A plan from (buffers, launches, outputs, tuple, keep): buffers as (bytes, device), outputs as
 // (ref, dtype, sizes, strides).
 Plan parse_plan(py::handle h) {
-  auto t = py::reinterpret_borrow<py::tuple>(h);
+  py::sequence t = items(h);
   Plan plan;
-  for (py::handle b : py::reinterpret_borrow<py::sequence>(t[0])) {
-    auto bt = py::reinterpret_borrow<py::tuple>(b);
+  for (py::handle b : items(t[0])) {
+    py::sequence bt = items(b);
     plan.buffers.emplace_back(as_int(bt[0]), static_cast<int8_t>(as_int(bt[1])));
   }
-  for (py::handle l : py::reinterpret_borrow<py::sequence>(t[1])) plan.launches.push_back(parse_launch(l));
-  for (py::handle o : py::reinterpret_borrow<py::sequence>(t[2])) {
-    auto ot = py::reinterpret_borrow<py::tuple>(o);
+  for (py::handle l : items(t[1])) plan.launches.push_back(parse_launch(l));
+  for (py::handle o : items(t[2])) {
+    py::sequence ot = items(o);
     if (!THPDtype_Check(ot[1].ptr()))
       throw py::value_error("bringup_kernels._launch_plans: an output's dtype is not a torch.dtype");
     Output out{parse_ref(ot[0]), reinterpret_cast<THPDtype*>(ot[1].ptr())->scalar_type,
