@@ -132,16 +132,23 @@ class _Sources:
     def ref(self, address: int, holder: Any) -> tuple[int, int, int]:
         if address == 0:
             return (_NONE, 0, 0)
-        for spans in (self._inputs(address, False), self._inputs(address, True)):
-            if len(spans) > 1:
-                raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
-            if spans:
-                return (_INPUT, spans[0], address - self.inputs[spans[0]][0])
+        spans = self._inputs(address, False)
+        if len(spans) > 1:
+            raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
+        if spans:
+            return (_INPUT, spans[0], address - self.inputs[spans[0]][0])
         inside = [i for i, b in enumerate(self.buffers) if b.address <= address < b.address + max(b.nbytes, 1)]
         if len(inside) > 1:
             raise NotReplayable(f"an address lies in {len(inside)} buffers of the call")
         if inside:
             return (_BUFFER, self.used.setdefault(inside[0], len(self.used)), address - self.buffers[inside[0]].address)
+        # one past an argument's last byte (an empty slice): only after the buffers, since the
+        # allocator may place a buffer right behind an argument
+        spans = self._inputs(address, True)
+        if len(spans) > 1:
+            raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
+        if spans:
+            return (_INPUT, spans[0], address - self.inputs[spans[0]][0])
         if not isinstance(holder, torch.Tensor):
             raise NotReplayable("an address is neither an argument's nor the call's")
         self.keep.append(holder)

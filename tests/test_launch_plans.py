@@ -115,6 +115,18 @@ def test_calls_that_compute_outside_triton_keep_the_python_path(plans_on):
     assert op.plans_info()["refused"] == {"the op returns a int, not a tensor or a tuple of tensors": 1}
 
 
+def test_a_buffer_right_behind_an_argument_is_the_buffer():
+    """The caching allocator may place a call's buffer where an argument ends: that address is the
+    buffer's first byte, not one past the argument (which only an empty slice would point at)."""
+    x = torch.randn(2, 64)
+    behind = x.data_ptr() + x.numel() * x.element_size()
+    sources = launch_plans._Sources([x], [launch_plans._Buffer(torch.empty(0), behind, 256, -1)])
+    assert sources.ref(behind, None) == (launch_plans._BUFFER, 0, 0)
+    assert sources.ref(behind + 8, None) == (launch_plans._BUFFER, 0, 8)
+    assert launch_plans._Sources([x], []).ref(behind, None) == (launch_plans._INPUT, 0, 512)
+    assert sources.ref(x.data_ptr() + 4, None) == (launch_plans._INPUT, 0, 4)
+
+
 def test_no_plans_unless_switched_on_and_built(monkeypatch, tmp_path):
     monkeypatch.delenv("ENGINE_OPS_LAUNCH_PLANS", raising=False)
     backend_env.reset()
