@@ -132,11 +132,9 @@ class _Sources:
     def ref(self, address: int, holder: Any) -> tuple[int, int, int]:
         if address == 0:
             return (_NONE, 0, 0)
-        spans = self._inputs(address, False)
-        if len(spans) > 1:
-            raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
-        if spans:
-            return (_INPUT, spans[0], address - self.inputs[spans[0]][0])
+        ref = self._input(address, False)
+        if ref:
+            return ref
         inside = [i for i, b in enumerate(self.buffers) if b.address <= address < b.address + max(b.nbytes, 1)]
         if len(inside) > 1:
             raise NotReplayable(f"an address lies in {len(inside)} buffers of the call")
@@ -144,19 +142,21 @@ class _Sources:
             return (_BUFFER, self.used.setdefault(inside[0], len(self.used)), address - self.buffers[inside[0]].address)
         # one past an argument's last byte (an empty slice): only after the buffers, since the
         # allocator may place a buffer right behind an argument
-        spans = self._inputs(address, True)
-        if len(spans) > 1:
-            raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
-        if spans:
-            return (_INPUT, spans[0], address - self.inputs[spans[0]][0])
+        ref = self._input(address, True)
+        if ref:
+            return ref
         if not isinstance(holder, torch.Tensor):
             raise NotReplayable("an address is neither an argument's nor the call's")
         self.keep.append(holder)
         return (_FIXED, 0, address)
 
-    def _inputs(self, address: int, end_inclusive: bool) -> list[int]:
-        return [i for i, (start, extent) in enumerate(self.inputs)
-                if start <= address < start + extent or (end_inclusive and address == start + extent)]
+    def _input(self, address: int, end_inclusive: bool) -> tuple[int, int, int] | None:
+        """The argument ``address`` lies in (or, with ``end_inclusive``, just past), else None."""
+        spans = [i for i, (start, extent) in enumerate(self.inputs)
+                 if start <= address < start + extent or (end_inclusive and address == start + extent)]
+        if len(spans) > 1:
+            raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
+        return (_INPUT, spans[0], address - self.inputs[spans[0]][0]) if spans else None
 
     def plan_buffers(self) -> list[tuple[int, int]]:
         order = sorted(self.used, key=self.used.get)
