@@ -4,11 +4,13 @@ an eager step calls most: ``gemm.fp8_block``, ``quant.act_quant``, ``norm.rmsnor
 decode step's shapes (batch 1: launch-bound). Goal: <= 15 us per call.
 ``python -m benchmarks.host_overhead [--calls N] [--wrappers] [--profile] [--out FILE] [--no-write]``.
 
-Method: the op is called ``--calls`` times back to back with no synchronization, then once
-synchronized; the wall time over the calls is the host's cost per call, provided the GPU runs
-each call faster than the host issues it (the GPU time per call, from CUDA-graph replays, is in
-the row: where it is the larger, the loop measured the GPU and the row says so). The median of
-five such loops. Each backend of the op that can run here is timed twice: through the registry
+Method: the op is called ``--calls`` times with no synchronization in between, in runs of at
+most :data:`RUN` calls, each run timed from its first call until its last call returns and
+followed by an untimed synchronization: the time per call is the host's cost, as long as a run's
+kernels fit in the GPU's launch queue (a fuller queue would make the host wait for the GPU; a
+run of :data:`RUN` calls of up to three kernels stays well inside the driver's ~1000 pending
+launches). The GPU time per call, from CUDA-graph replays, is in the row. The median of five
+such loops. Each backend of the op that can run here is timed twice: through the registry
 (``op(...)``, what the engine pays) and as the backend's function called directly; the
 difference is the registry's dispatch. Kernel configurations are the untimed defaults
 (``ENGINE_OPS_TUNE=0``). The Triton backend is timed twice more with its kernels launched
@@ -53,22 +55,27 @@ from .harness import Row
 BACKENDS = ("triton", "tilelang", "deep_gemm", "flash_mla")
 GOAL_US = 15.0
 LOOPS = 5
+RUN = 100  # calls timed between two synchronizations (module doc)
 TRITON_MODULES = ("bringup_kernels.triton.gemm", "bringup_kernels.triton.quant", "bringup_kernels.triton.norm", "bringup_kernels.triton.attn")
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], None] | None = None) -> float:
-    """Median over :data:`LOOPS` loops of the wall microseconds per call of ``calls`` unsynchronized
-    calls of ``fn`` (after a warm-up), each loop then waiting with ``sync`` (default: the GPU's)."""
+    """Median over :data:`LOOPS` loops of the host's microseconds per call of ``fn`` (after a
+    warm-up): ``calls`` calls, in runs of at most :data:`RUN` timed from the first call to the last
+    one's return, each run followed by ``sync`` (default: the GPU's), untimed."""
     sync = sync or torch.cuda.synchronize
     fn()
     sync()
     per_call = []
     for _ in range(LOOPS):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-        sync()
+        spent = 0.0
+        for first in range(0, calls, RUN):
+            start = time.perf_counter()
+            for _ in range(min(RUN, calls - first)):
+                fn()
+            spent += time.perf_counter() - start
+            sync()
+        per_call.append(spent / calls * 1e6)
     return statistics.median(per_call)
 
 
@@ -145,7 +152,7 @@ def backend_row(op_name: str, shape: str, make: Callable[[], tuple[tuple, dict]]
         return Row(label, shape, "-", "-", "-", "-", f"the registry resolved '{resolved}', not '{backend}' (see above)")
     verdict = f"goal <= {GOAL_US:.0f} us: {'met' if registry_us <= GOAL_US else 'missed'}"
     if gpu_us >= registry_us:
-        verdict = f"GPU-bound here (GPU {gpu_us:.1f} us >= host): the host cost is below this"
+        verdict += f"; the GPU's {gpu_us:.1f} us is the longer: a loop of these calls would wait on the GPU"
     return Row(label, shape, f"{registry_us:.1f} us/call", f"direct {direct_us:.1f} us/call", f"GPU {gpu_us:.1f} us/call",
                f"dispatch {registry_us - direct_us:+.1f} us", verdict)
 

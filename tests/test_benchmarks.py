@@ -46,6 +46,19 @@ def test_host_overhead_refuses_a_loop_of_no_calls(capsys):
     assert info.value.code == 2 and "--calls: expected a positive number, got 0" in capsys.readouterr().err
 
 
+def test_host_overhead_times_calls_in_runs_with_a_synchronization_after_each():
+    """A loop's calls are timed in runs of at most RUN, so the GPU's launch queue never fills."""
+    from benchmarks import host_overhead
+
+    events: list[str] = []
+    us = host_overhead.host_us_per_call(lambda: events.append("call"), 2 * host_overhead.RUN + 1,
+                                        sync=lambda: events.append("sync"))
+    assert us > 0
+    runs = "".join("c" if e == "call" else "|" for e in events).split("|")
+    assert runs[0] == "c" and runs[-1] == ""  # the warm-up call, then nothing after the last run's synchronization
+    assert [len(r) for r in runs[1:-1]] == [host_overhead.RUN, host_overhead.RUN, 1] * host_overhead.LOOPS
+
+
 def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeypatch):
     """The row logic on CPU tensors (Triton under the interpreter); the GPU's own timing and
     synchronization are replaced, since no device is here."""
