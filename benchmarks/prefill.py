@@ -6,8 +6,9 @@ time to first token is the wall time of ``generate`` with one new token (prefill
 sampling), median of five runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
 with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each length runs with
 every Triton kernel launched through Triton, launched directly after its first call
-(:mod:`bringup_kernels.triton.launch`, where Triton's version allows it), and replayed from the engine's
-prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
+(:mod:`bringup_kernels.triton.launch`, where Triton's version allows it), launched directly with the
+ops declared for launch plans served from them (:mod:`bringup_kernels.launch_plans`, where built), and
+replayed from the engine's prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
 run, so that a drift of the host's speed reaches them alike. The notes name the host ops that
 served (``engine._C`` or its Python twins: the prompt's block hashes and the step's packing are
 host work inside the time to first token) and, for the graph, its replay's GPU time alone.
@@ -49,17 +50,23 @@ def measure(args) -> list[Row]:
     longest = max(LENGTHS)
     llm = LLM(str(ckpt), dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=longest + 64,
               max_num_batched_tokens=longest + 64, prefill_graph_tokens=LENGTHS)
-    with harness.direct_launch(True) as direct_available:  # asks only whether this Triton allows it
-        pass
-    # (row suffix, direct launch, prefill graph); the first is the peer of the others
-    ways = [("", False, False), (", direct launch", True, False), (", CUDA graph", False, True)]
-    ways = [way for way in ways if direct_available or not way[1]]
+    with harness.direct_launch(True) as direct_available, harness.launch_plans(True) as plans_refused:
+        pass  # asks only whether this Triton allows each
+    # (row suffix, direct launch, launch plans, prefill graph); the first is the peer of the others
+    ways = [("", False, False, False), (", direct launch", True, False, False),
+            (", direct launch + launch plans", True, True, False), (", CUDA graph", False, False, True)]
+    ways = [way for way in ways if (direct_available or not way[1]) and (plans_refused is None or not way[2])]
+    if plans_refused is not None:
+        print(f"prefill: no launch plans row: {plans_refused}", file=sys.stderr)
     rows = harness.LiveRows()
     for length in LENGTHS:
-        times: dict[str, list[float]] = {name: [] for name, _, _ in ways}
+        times: dict[str, list[float]] = {name: [] for name, *_ in ways}
         for run in range(RUNS + 1):  # run 0 compiles and tunes this prefill's shapes, each way
-            for i, (name, direct, graph) in enumerate(ways):
-                with harness.direct_launch(direct), contextlib.nullcontext() if graph else graphs_off(llm, "prefill_graphs"):
+            for i, (name, direct, plans, graph) in enumerate(ways):
+                with (harness.direct_launch(direct), harness.launch_plans(plans),
+                      contextlib.nullcontext() if graph else graphs_off(llm, "prefill_graphs")):
+                    if plans:  # the plans are recorded anew in each block: one prompt records them first
+                        time_to_first_token(llm, length, seed=10**6 + length + len(ways) * run + i)
                     ttft = time_to_first_token(llm, length, seed=length + len(ways) * run + i)  # a prompt never seen
                 if run:
                     times[name].append(ttft)
@@ -67,7 +74,7 @@ def measure(args) -> list[Row]:
         through_triton = statistics.median(times[""])
         graph_ms = harness.graph_replay_ms(llm.runner.prefill_graphs.graphs[length], replays=7)  # the last prompt, again
         replay = f"; the graph's replay alone {graph_ms:.1f} ms of GPU time"
-        for name, _, graph in ways:
+        for name, *_, graph in ways:
             ttft = statistics.median(times[name])
             peer = harness.speedup(ttft, through_triton, "launch through Triton") if name else "-"
             rows.append(Row("engine prefill" + name, f"b1 prompt{length}",
