@@ -404,8 +404,10 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     if batch == 0 or heads == 0:
         return out
     if splits > 1:
-        part_o = torch.empty(batch, heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+        # one allocation for both (an eager call's host time is mostly its allocations and launches)
+        parts = torch.empty(batch * heads * splits * (kv_lora_rank + 1), dtype=torch.float32, device=q.device)
+        part_o = parts[:batch * heads * splits * kv_lora_rank].view(batch, heads, splits, kv_lora_rank)
+        part_lse = parts[batch * heads * splits * kv_lora_rank:].view(batch, heads, splits)
     else:
         part_o = part_lse = out
     config = config or decode_config(q.dtype, heads, fp8)
