@@ -6,10 +6,11 @@ time to first token is the wall time of ``generate`` with one new token (prefill
 sampling), median of five runs after a warm-up. Throughput is set against cuBLAS bf16 GEMM
 with the prefill's matmul FLOPs (:func:`benchmarks.model.prefill_flops`). Each length runs with
 every Triton kernel launched through Triton, launched directly after its first call
-(:mod:`bringup_kernels.triton.launch`, where Triton's version allows it), launched directly with the
-ops declared for launch plans served from them (:mod:`bringup_kernels.launch_plans`, where built), and
-replayed from the engine's prefill CUDA graph of that length (:mod:`engine.prefill_graphs`), the ways taking turns run by
-run, so that a drift of the host's speed reaches them alike. The notes name the host ops that
+(:mod:`bringup_kernels.triton.launch`, where Triton's version allows it), launched directly with
+the ops declared for launch plans served from them (:mod:`bringup_kernels.launch_plans`, where
+built; one prompt records the plans first), and replayed from the engine's prefill CUDA graph of
+that length (:mod:`engine.prefill_graphs`), the ways taking turns run by run, so that a drift of
+the host's speed reaches them alike. The notes name the host ops that
 served (``engine._C`` or its Python twins: the prompt's block hashes and the step's packing are
 host work inside the time to first token) and, for the graph, its replay's GPU time alone.
 """
