@@ -405,9 +405,10 @@ def mla_decode_splits(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         return out
     if splits > 1:
         # one allocation for both (an eager call's host time is mostly its allocations and launches)
-        parts = torch.empty(batch * heads * splits * (kv_lora_rank + 1), dtype=torch.float32, device=q.device)
-        part_o = parts[:batch * heads * splits * kv_lora_rank].view(batch, heads, splits, kv_lora_rank)
-        part_lse = parts[batch * heads * splits * kv_lora_rank:].view(batch, heads, splits)
+        partials = batch * heads * splits
+        parts = torch.empty(partials * (kv_lora_rank + 1), dtype=torch.float32, device=q.device)
+        part_o = parts[:partials * kv_lora_rank].view(batch, heads, splits, kv_lora_rank)
+        part_lse = parts[partials * kv_lora_rank:].view(batch, heads, splits)
     else:
         part_o = part_lse = out
     config = config or decode_config(q.dtype, heads, fp8)
