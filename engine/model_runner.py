@@ -152,9 +152,11 @@ class ModelRunner:
             size = self.prefill_graphs.size_for(seqs, packed[0].shape[0]) if self.prefill_graphs is not None else None
             if size is not None:
                 return self.prefill_graphs.run(seqs, packed, size)
+            longest = int((packed[4][1:] - packed[4][:-1]).max())  # from the host's offsets: no read-back
             ids, pos, slots, ctx, cu_q, cu_k, last = self._to_device(packed)
             self._plan(ids.shape[0], False)
-            logits = self.model.logits(self.model(ids, pos, AttentionMeta(True, slots, ctx, cu_q, cu_k))[last])
+            meta = AttentionMeta(True, slots, ctx, cu_q, cu_k, max_seqlen_q=longest)
+            logits = self.model.logits(self.model(ids, pos, meta)[last])
             return logits, sample_packed(logits, SamplingBatch.of(seqs, self.device))
         plan = self._plan(len(seqs), self.graphs is not None)
         if plan is None:

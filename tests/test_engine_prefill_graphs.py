@@ -50,6 +50,32 @@ def test_prefill_replayed_from_a_graph_gives_the_tokens_of_the_eager_prefill():
         assert torch.allclose(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.05)
 
 
+@pytest.mark.gpu
+def test_an_eager_prefill_step_never_waits_for_the_gpu(monkeypatch):
+    """An eager prefill of three prompts of different lengths, launched up to its sampled tokens
+    with CUDA's synchronization check set to raise: the attention is given the longest query run
+    from the host's offsets, so nothing reads the device back."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from bringup_kernels.ops import attn
+
+    llm = LLM(CHECKPOINT_DIR, dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=96)
+    llm.generate(PROMPTS, SamplingParams(max_tokens=1))  # compiles every kernel of the step first
+    seqs = [llm.add_request(p, SamplingParams(max_tokens=2, ignore_eos=True)) for p in PROMPTS]
+    scheduled, is_prefill = llm.scheduler.schedule()
+    assert is_prefill and scheduled == seqs
+    bounds, op = [], attn.mla_prefill
+    monkeypatch.setattr(attn, "mla_prefill", lambda *a, **kw: (bounds.append(kw.get("max_seqlen_q")), op(*a, **kw))[1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits, packed = llm.runner.launch(seqs, is_prefill=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert bounds and set(bounds) == {max(len(p) for p in PROMPTS)}
+    assert torch.equal(packed[:, 0].long(), logits.argmax(dim=-1))  # greedy requests
+
+
 def test_a_cached_prefix_or_too_many_tokens_prefill_without_padding():
     from engine.prefill_graphs import PrefillGraphs
     from engine.sequence import Sequence

@@ -15,7 +15,8 @@ from .quant import FP8
 
 
 def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          cu_seqlens_k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+                          cu_seqlens_k: torch.Tensor, softmax_scale: float,
+                          max_seqlen_q: int | None = None) -> torch.Tensor:
     """Causal variable-length attention over decompressed heads.
 
     ``q`` [T, H, Dqk], ``k`` [S, H, Dqk], ``v`` [S, H, Dv]; sequence ``b`` owns query rows
@@ -24,7 +25,9 @@ def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     keys before them are a cached prefix), so query ``i`` attends keys ``0 .. Lk - Lq + i``.
     Scores are ``softmax_scale * q.k``; softmax and the weighted sum in fp32; output [T, H, Dv]
     in q's dtype. This reference reads the offsets on the host; a backend whose prefill is captured
-    in a graph (the engine's opt-in prefill graphs) must not.
+    in a graph (the engine's opt-in prefill graphs) must not. ``max_seqlen_q``, where the caller
+    gives it, bounds every sequence's query count from above (a host int the caller knows, so a
+    backend need not read the offsets back, which would wait for the GPU); this reference checks it.
     """
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -33,6 +36,8 @@ def mla_prefill_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         lq, lk = q1 - q0, k1 - k0
         if lq > lk:
             raise ValueError(f"attn.mla_prefill: sequence {b} has {lq} queries but only {lk} keys")
+        if max_seqlen_q is not None and lq > max_seqlen_q:
+            raise ValueError(f"attn.mla_prefill: sequence {b} has {lq} queries, more than max_seqlen_q={max_seqlen_q}")
         qs, ks, vs = q[q0:q1].float(), k[k0:k1].float(), v[k0:k1].float()
         scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
         allowed = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lk - lq, lk, device=q.device)[:, None]
@@ -73,7 +78,7 @@ def mla_decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
 
 
 def _prefill_cases(quick: bool) -> list[Case]:
-    def make(lens, heads, dqk, dv, dtype):
+    def make(lens, heads, dqk, dv, dtype, bounded):
         def build(gen, device):
             lq = [q for q, _ in lens]
             lk = [k for _, k in lens]
@@ -82,15 +87,18 @@ def _prefill_cases(quick: bool) -> list[Case]:
             q = randn(gen, (sum(lq), heads, dqk), dtype, device)
             k = randn(gen, (sum(lk), heads, dqk), dtype, device)
             v = randn(gen, (sum(lk), heads, dv), dtype, device)
-            return (q, k, v, cu_q, cu_k, dqk ** -0.5), {}
+            return (q, k, v, cu_q, cu_k, dqk ** -0.5), ({"max_seqlen_q": max(lq)} if bounded else {})
         return build
 
+    # the last field: whether the caller gives max_seqlen_q (the longest query run, a tight bound)
     if quick:
-        configs = [([(5, 5), (3, 9), (1, 4)], 2, 24, 16), ([(17, 17)], 4, 48, 32)]
+        configs = [([(5, 5), (3, 9), (1, 4)], 2, 24, 16, False), ([(17, 17)], 4, 48, 32, False),
+                   ([(6, 6), (2, 7)], 2, 24, 16, True)]
     else:
-        configs = [([(4096, 4096)], 128, 192, 128), ([(512, 512)] * 4 + [(128, 2048)], 128, 192, 128)]
-    return [Case(f"{len(lens)}seq-{sum(q for q, _ in lens)}q-h{h}-{str(dt)[6:]}", make(lens, h, dqk, dv, dt), quick=quick)
-            for lens, h, dqk, dv in configs for dt in (torch.float32, torch.bfloat16)]
+        configs = [([(4096, 4096)], 128, 192, 128, False), ([(512, 512)] * 4 + [(128, 2048)], 128, 192, 128, False)]
+    return [Case(f"{len(lens)}seq-{sum(q for q, _ in lens)}q-h{h}-{str(dt)[6:]}{'-maxq' if bounded else ''}",
+                 make(lens, h, dqk, dv, dt, bounded), quick=quick)
+            for lens, h, dqk, dv, bounded in configs for dt in (torch.float32, torch.bfloat16)]
 
 
 def _decode_cases(quick: bool) -> list[Case]:

@@ -175,9 +175,11 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, qk_scale, st
 
 
 def mla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                cu_seqlens_k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+                cu_seqlens_k: torch.Tensor, softmax_scale: float, max_seqlen_q: int | None = None) -> torch.Tensor:
     """Same contract as :func:`bringup_kernels.ops.attn.mla_prefill_reference`; ``q``, ``k`` and ``v`` may be
-    strided views whose last dimension is contiguous."""
+    strided views whose last dimension is contiguous. Without ``max_seqlen_q`` (and outside a graph's
+    capture) the longest query run is read back on the host, which waits for the GPU, and checked;
+    with it, the caller's bound is trusted and nothing synchronizes."""
     _validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k)
     t, heads, dqk = q.shape
     dv = v.shape[-1]
@@ -185,7 +187,9 @@ def mla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     batch = cu_seqlens_q.shape[0] - 1
     if t == 0 or batch == 0:
         return out
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # a prefill graph: no host read; T bounds every query run
+    if max_seqlen_q is not None:  # the caller's bound
+        max_q = min(max_seqlen_q, t)
+    elif q.is_cuda and torch.cuda.is_current_stream_capturing():  # a prefill graph: no host read; T bounds every query run
         max_q = t
     else:  # the longest query run, read on the host, and checked
         lens_q, lens_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]

@@ -35,7 +35,9 @@ class AttentionMeta:
 
     ``slots`` [T]: cache slot of each new token (negative: padding, not written). Prefill:
     ``context_slots`` [S] (all context tokens of every sequence), ``cu_seqlens_q`` /
-    ``cu_seqlens_k`` [B+1] int32. Decode: ``block_tables`` [B, M] int32, ``context_lens`` [B] int32.
+    ``cu_seqlens_k`` [B+1] int32, and on the host ``max_seqlen_q``, the longest query run (given,
+    the attention does not wait for the GPU to read it back; a graph's capture goes without).
+    Decode: ``block_tables`` [B, M] int32, ``context_lens`` [B] int32.
     """
 
     is_prefill: bool
@@ -45,6 +47,7 @@ class AttentionMeta:
     cu_seqlens_k: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
+    max_seqlen_q: int | None = None
 
 
 class MLAttention:
@@ -107,7 +110,8 @@ class MLAttention:
         s = context.shape[0]
         k_nope, v = gemm.dense(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, context[:, None, self.rank :].expand(s, self.heads, self.rope_dim)], dim=-1)
-        return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale)
+        return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale,
+                                max_seqlen_q=meta.max_seqlen_q)
 
     def _decode(self, q: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         """Absorbed attention of ``q`` [T, H, nope + rope] on the latent cache: the query's latent
