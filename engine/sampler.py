@@ -28,12 +28,14 @@ class SamplingBatch:
 
     @classmethod
     def of(cls, seqs: list[Sequence], device: torch.device) -> "SamplingBatch":
+        """The rows of ``seqs``, built on the host and copied without waiting for the device."""
         p = [s.params for s in seqs]
-        return cls(torch.tensor([x.temperature for x in p], dtype=torch.float32, device=device),
-                   torch.tensor([x.top_k for x in p], dtype=torch.int64, device=device),
-                   torch.tensor([x.top_p for x in p], dtype=torch.float32, device=device),
-                   torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=device),
-                   torch.tensor([s.num_completion_tokens for s in seqs], dtype=torch.int64, device=device))
+        host = (torch.tensor([x.temperature for x in p], dtype=torch.float32),
+                torch.tensor([x.top_k for x in p], dtype=torch.int64),
+                torch.tensor([x.top_p for x in p], dtype=torch.float32),
+                torch.tensor([s.seed for s in seqs], dtype=torch.int64),
+                torch.tensor([s.num_completion_tokens for s in seqs], dtype=torch.int64))
+        return cls(*(t.to(device, non_blocking=True) for t in host))
 
 
 def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -243,9 +243,46 @@ def test_planned_calls_give_the_python_paths_bits_on_gpu(built, monkeypatch):
             reference = [call() for call in first + second]
         for ref, got in zip(reference, planned):
             for out in got:
-                for rt, dt in zip(ref if isinstance(ref, tuple) else (ref,), out if isinstance(out, tuple) else (out,)):
-                    assert rt.shape == dt.shape and rt.stride() == dt.stride() and rt.dtype == dt.dtype
-                    assert torch.equal(rt.view(torch.uint8), dt.view(torch.uint8))
+                assert_same_bits(ref, out)
+    monkeypatch.undo()
+    backend_env.reset()
+
+
+def assert_same_bits(expected, got) -> None:
+    """``got`` (a tensor or a tuple of them) has ``expected``'s shapes, strides, dtypes and bits."""
+    for et, gt in zip(expected if isinstance(expected, tuple) else (expected,), got if isinstance(got, tuple) else (got,)):
+        assert et.shape == gt.shape and et.stride() == gt.stride() and et.dtype == gt.dtype
+        assert torch.equal(et.view(torch.uint8), gt.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_every_op_with_plans_gives_its_python_paths_bits_on_its_cases(built, monkeypatch):
+    """Each op declared with plans, on each of its quick A/B cases, the inputs built anew from the
+    case's seed for every call (so ops that write into an argument start from the same state):
+    five calls with plans (the third on served from the plan) against one without, bit for bit;
+    and every such op served from a plan in at least one case."""
+    from bringup_kernels.cases import case_seed, generator
+
+    monkeypatch.setenv("ENGINE_OPS_TUNE", "0")
+    device, served = torch.device("cuda"), {}
+    for name, op in registry.ops().items():
+        if not op.launch_plans:
+            continue
+        for case in op.cases(True):
+            def call():
+                args, kwargs = case.make(generator(case_seed(0, name, case.id)), device)
+                return op(*args, **kwargs)
+
+            with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "1"}):
+                planned = [call() for _ in range(5)]
+                stats = registry.report()["launch_plans"]["ops"][name]
+            served[name] = served.get(name, 0) + stats["hits"]
+            with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "0"}):
+                plain = call()
+            for got in planned:
+                assert_same_bits(plain, got)
+    assert served and all(served.values()), served
     monkeypatch.undo()
     backend_env.reset()
 

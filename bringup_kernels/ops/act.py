@@ -44,8 +44,9 @@ def _swiglu_quant_cases(quick: bool) -> list[Case]:
     return [Case(f"{r}x{w}-bfloat16-{fmt or 'fp32scale'}", make(r, w, fmt), quick=quick) for r, w in _shapes(quick) for fmt in (None, "ue8m0")]
 
 
-swiglu = declare("act.swiglu", swiglu_reference, outputs=("y",), cases=_swiglu_cases)
+swiglu = declare("act.swiglu", swiglu_reference, outputs=("y",), cases=_swiglu_cases, launch_plans=True)
 swiglu.backend("triton", "bringup_kernels.triton.act:swiglu")
 
-swiglu_quant = declare("act.swiglu_quant", swiglu_quant_reference, outputs=("q", "scale"), exact=("q", "scale"), cases=_swiglu_quant_cases)
+swiglu_quant = declare("act.swiglu_quant", swiglu_quant_reference, outputs=("q", "scale"), exact=("q", "scale"),
+                       cases=_swiglu_quant_cases, launch_plans=True)
 swiglu_quant.backend("triton", "bringup_kernels.triton.act:swiglu_quant")

@@ -122,7 +122,8 @@ def _decode_cases(quick: bool) -> list[Case]:
             for b, h, r, d, n, bs, m in configs for dt, f in kinds]
 
 
-mla_prefill = declare("attn.mla_prefill", mla_prefill_reference, outputs=("o",), cases=_prefill_cases)
+mla_prefill = declare("attn.mla_prefill", mla_prefill_reference, outputs=("o",), cases=_prefill_cases,
+                      launch_plans=True)
 mla_prefill.backend("triton", "bringup_kernels.triton.attn:mla_prefill")
 mla_decode = declare("attn.mla_decode", mla_decode_reference, outputs=("o",), cases=_decode_cases, launch_plans=True)
 mla_decode.backend("triton", "bringup_kernels.triton.attn:mla_decode")

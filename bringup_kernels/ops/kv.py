@@ -86,7 +86,8 @@ def _cases(quick: bool) -> list[Case]:
             for t, b, bs, r, d, p in shapes for dt, f in kinds]
 
 
-store = declare("kv.store", store_reference, outputs=("cache", "scale"), exact=("cache", "scale"), cases=_cases)
+store = declare("kv.store", store_reference, outputs=("cache", "scale"), exact=("cache", "scale"), cases=_cases,
+                launch_plans=True)
 store.backend("triton", "bringup_kernels.triton.kv:store")
 
 
@@ -135,5 +136,6 @@ def _norm_rope_store_cases(quick: bool) -> list[Case]:
 # The normalized latent is rounded to kv's dtype before it is stored (and, in an FP8 cache,
 # quantized): a one-ulp difference in the norm's fp32 sum may move a code by one step, so the
 # outputs are compared within their dtype's tolerance, not bitwise as kv.store's are.
-norm_rope_store = declare("kv.norm_rope_store", norm_rope_store_reference, outputs=("cache", "scale"), cases=_norm_rope_store_cases)
+norm_rope_store = declare("kv.norm_rope_store", norm_rope_store_reference, outputs=("cache", "scale"),
+                          cases=_norm_rope_store_cases, launch_plans=True)
 norm_rope_store.backend("triton", "bringup_kernels.triton.kv:norm_rope_store")

@@ -67,7 +67,8 @@ def _gate_cases(quick: bool) -> list[Case]:
     return [Case(f"{t}x{e}-top{k}-g{g}k{kg}{'-bias' if b else ''}", make(t, e, k, g, kg, b), quick=quick) for t, e, k, g, kg, b in configs]
 
 
-gate = declare("moe.gate", gate_reference, outputs=("weights", "ids"), exact=("ids",), cases=_gate_cases)
+gate = declare("moe.gate", gate_reference, outputs=("weights", "ids"), exact=("ids",), cases=_gate_cases,
+               launch_plans=True)
 gate.backend("triton", "bringup_kernels.triton.moe:gate")
 
 
@@ -145,7 +146,7 @@ def _experts_cases(quick: bool) -> list[Case]:
 _FP8_REQUANTIZATION = {torch.float32: Tolerance(atol=1e-6, rtol=3e-2), torch.bfloat16: Tolerance(atol=1e-5, rtol=3e-2)}
 
 fused_experts = declare("moe.fused_experts", fused_experts_reference, outputs=("y",), cases=_experts_cases,
-                        tolerances=_FP8_REQUANTIZATION)
+                        tolerances=_FP8_REQUANTIZATION, launch_plans=True)
 fused_experts.backend("triton", "bringup_kernels.triton.experts:fused_experts")
 # No deep_gemm backend: DeepGEMM's SM90 grouped GEMMs write bf16 only, while the contract above keeps
 # each expert's down output in fp32 until the weighted sum (see bringup_kernels/vendor/deep_gemm.py).

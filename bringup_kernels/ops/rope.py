@@ -113,5 +113,5 @@ def _cases(quick: bool) -> list[Case]:
     return cases
 
 
-apply = declare("rope.apply", apply_reference, outputs=("y",), cases=_cases)
+apply = declare("rope.apply", apply_reference, outputs=("y",), cases=_cases, launch_plans=True)
 apply.backend("triton", "bringup_kernels.triton.rope:apply")
