@@ -258,10 +258,11 @@ def assert_same_bits(expected, got) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_every_op_with_plans_gives_its_python_paths_bits_on_its_cases(built, monkeypatch):
-    """Each op declared with plans, on each of its quick A/B cases, the inputs built anew from the
-    case's seed for every call (so ops that write into an argument start from the same state):
-    five calls with plans (the third on served from the plan) against one without, bit for bit;
-    and every such op served from a plan in at least one case."""
+    """Each op declared with plans, on its first two quick A/B cases (each case compiles its own
+    kernels), the inputs built anew from the case's seed for every call (so ops that write into an
+    argument start from the same state): five calls with plans (the third on served from the
+    plan) against one without, bit for bit; and every such op served from a plan in at least one
+    case."""
     from bringup_kernels.cases import case_seed, generator
 
     monkeypatch.setenv("ENGINE_OPS_TUNE", "0")
@@ -269,7 +270,7 @@ def test_every_op_with_plans_gives_its_python_paths_bits_on_its_cases(built, mon
     for name, op in registry.ops().items():
         if not op.launch_plans:
             continue
-        for case in op.cases(True):
+        for case in op.cases(True)[:2]:
             def call():
                 args, kwargs = case.make(generator(case_seed(0, name, case.id)), device)
                 return op(*args, **kwargs)
