@@ -5,8 +5,8 @@ choice, allocations, then Triton's launcher per kernel (tens of microseconds on 
 than the GPU time of a decode step's small kernels). Yet for given argument shapes the wrapper
 does the same thing every time. :func:`wrap` puts a table of ``bringup_kernels._launch_plans``
 (``native/launch_plans.cpp``) in front of the backend's function: a call whose *key* (the tensors'
-dtypes, devices, sizes, strides and address alignment mod 16; the scalars' values; the current
-CUDA device) has a plan is served in C++: the plan's buffers allocated, its kernels launched
+dtypes, devices, sizes, strides, address alignment mod 16 and which of them start at one address;
+the scalars' values; the current CUDA device) has a plan is served in C++: the plan's buffers allocated, its kernels launched
 with ``cuLaunchKernelEx``, its outputs rebuilt. The second call of a key runs the wrapper once
 more under :func:`record`, which builds the plan; the first runs plainly (it may tune or compile).
 
@@ -18,7 +18,8 @@ descriptor as its encoding's parameters; and per output its source, offset, dtyp
 strides. A call is not recorded (and stays on the Python path for good) when anything in it
 could differ between calls of one key or is not a Triton launch: an ATen op that computes
 (a copy, a fill; views and allocations are fine), a launch with a grid function, a kernel with
-global scratch, an address inside two sources, an output that is not a tensor or a tuple of
+global scratch, an address inside two sources (but for tensor arguments that start at one
+address, which the key holds: an op called in place), an output that is not a tensor or a tuple of
 tensors; nor while a CUDA graph is being captured, a launch hook is installed, or Triton
 launches go through ``JITFunction.run`` for another reason (:func:`bringup_kernels.backend_env.launch_plans_reason`).
 
@@ -154,7 +155,7 @@ class _Sources:
         """The argument ``address`` lies in (or, with ``end_inclusive``, just past), else None."""
         spans = [i for i, (start, extent) in enumerate(self.inputs)
                  if start <= address < start + extent or (end_inclusive and address == start + extent)]
-        if len(spans) > 1:
+        if len({self.inputs[i][0] for i in spans}) > 1:  # same-start arguments alias in every call of the key
             raise NotReplayable(f"an address lies in {len(spans)} tensor arguments")
         return (_INPUT, spans[0], address - self.inputs[spans[0]][0]) if spans else None
 

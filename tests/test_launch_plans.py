@@ -78,6 +78,8 @@ def test_keys_tell_apart_what_a_wrapper_may_branch_on(built):
     table = built.Table(lambda *a: None, None, None)
     x = torch.randn(4, 64)
     base = table.key(x, 1e-6)
+    assert table.key(x, x) != table.key(x, torch.randn(4, 64))  # in place or not
+    assert table.key(x, x[1:]) == table.key(x, torch.randn(4, 64)[1:])  # a view elsewhere is not keyed as aliasing
     assert base == table.key(torch.randn(4, 64), 1e-6)  # values of the elements do not count
     for other in [table.key(x.bfloat16(), 1e-6), table.key(torch.randn(4, 32), 1e-6), table.key(x.t(), 1e-6),
                   table.key(torch.randn(4, 65)[:, 1:], 1e-6), table.key(x, 1e-5), table.key(x, eps=1e-6),
@@ -113,6 +115,23 @@ def test_calls_that_compute_outside_triton_keep_the_python_path(plans_on):
     for _ in range(3):
         assert op(x) == 8
     assert op.plans_info()["refused"] == {"the op returns a int, not a tensor or a tuple of tensors": 1}
+
+
+def test_a_plan_recorded_in_place_serves_only_calls_in_place(plans_on):
+    """A wrapper that returns its ``out`` (as ``rope.apply(x, ..., out=x)`` does): called in place,
+    its output's address lies in both arguments, which start at one address in every call of the
+    key; a call with another ``out`` has another key, and its output is that ``out``."""
+    op = launch_plans.wrap("test.in_place", lambda x, out: out)
+    x, other = torch.randn(4, 64), torch.randn(4, 64)
+    for _ in range(4):
+        assert op(x, x).data_ptr() == x.data_ptr()
+    assert op.plans_info() == {"plans": 1, "hits": 2, "misses": 2, "refused": {}}
+    for _ in range(3):
+        got = op(x, other)
+        assert got.data_ptr() == other.data_ptr() and torch.equal(got, other)
+    assert op.plans_info() == {"plans": 2, "hits": 3, "misses": 4, "refused": {}}
+    fresh = torch.randn(4, 64)
+    assert op(fresh, fresh).data_ptr() == fresh.data_ptr() and op.plans_info()["hits"] == 4
 
 
 def test_a_buffer_right_behind_an_argument_is_the_buffer():

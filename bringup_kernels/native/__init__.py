@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 PLANS_MODULE = "bringup_kernels._launch_plans"
-PLANS_API_VERSION = 1  # launch_plans.cpp's API_VERSION
+PLANS_API_VERSION = 2  # launch_plans.cpp's API_VERSION
 PLANS_DIR = "ENGINE_OPS_NATIVE_DIR"
 
 

@@ -1,8 +1,9 @@
 // bringup_kernels._launch_plans: an op call served from a recorded launch plan, without Python.
 //
 // A Table stands in front of one op's Python function. A call's key is everything about its
-// arguments that a wrapper may branch on: per tensor its dtype, device, sizes, strides and the
-// low 4 bits of its address; per scalar (None, bool, int, float, str, torch.dtype) its type and
+// arguments that a wrapper may branch on: per tensor its dtype, device, sizes, strides, the
+// low 4 bits of its address and which earlier tensor argument (if any) starts at the same
+// address (so a plan recorded in place serves only calls in place); per scalar (None, bool, int, float, str, torch.dtype) its type and
 // value; the keyword names; and the current CUDA device. A key with a plan is replayed here:
 // the plan's fresh buffers are allocated (the caching allocator, as torch.empty), every kernel
 // is launched with cuLaunchKernelEx on the current stream with its recorded parameters, pointers
@@ -30,7 +31,7 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr int64_t API_VERSION = 1;
+constexpr int64_t API_VERSION = 2;
 constexpr size_t MAX_PLANS = 512;  // per table: past it, new keys take the fallback for good
 
 // ---- the CUDA driver, looked up once -----------------------------------------------------------
@@ -88,6 +89,10 @@ bool append(std::string& key, PyObject* value, std::vector<at::Tensor>& tensors)
     for (int64_t s : t.sizes()) put(key, s);
     for (int64_t s : t.strides()) put(key, s);
     put<uint8_t>(key, static_cast<uint8_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+    int16_t same_start = -1;
+    for (size_t i = 0; i < tensors.size() && same_start < 0; ++i)
+      if (tensors[i].data_ptr() == t.data_ptr()) same_start = static_cast<int16_t>(i);
+    put(key, same_start);
     tensors.push_back(t);
     return true;
   }

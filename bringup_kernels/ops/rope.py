@@ -103,8 +103,15 @@ def _cases(quick: bool) -> list[Case]:
             return (x, pos, cache), {"interleaved": interleaved}
         return build
 
+    def in_place(tokens, heads, dim, nope):
+        def build(gen, device):  # the engine's call: a query's rope part, rotated into itself
+            cache = cos_sin_cache(dim, 4096, 10000.0, None).to(device)
+            x = randn(gen, (tokens, heads, nope + dim), torch.bfloat16, device)[..., nope:]
+            return (x, randint(gen, (tokens,), 0, 4096, device), cache), {"interleaved": True, "out": x}
+        return build
+
     shapes = [(5, 3, 64), (17, 1, 64)] if quick else [(1, 128, 64), (4096, 128, 64), (4096, 1, 64)]
-    cases = []
+    cases = [Case("6x2x64-bfloat16-pairs-in-place", in_place(6, 2, 64, 32), quick=True)] if quick else []
     for t, h, d in shapes:
         for dtype in (torch.float32, torch.bfloat16):
             for inter in (True, False):
