@@ -50,29 +50,30 @@ def test_prefill_replayed_from_a_graph_gives_the_tokens_of_the_eager_prefill():
         assert torch.allclose(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.05)
 
 
-@pytest.mark.gpu
-def test_an_eager_prefill_step_never_waits_for_the_gpu(monkeypatch):
-    """An eager prefill of three prompts of different lengths, launched up to its sampled tokens
-    with CUDA's synchronization check set to raise: the attention is given the longest query run
-    from the host's offsets, so nothing reads the device back. The prompts ran once before, so
-    the longest has a cached prefix: the bound counts its queries, not its keys."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_eager_prefill_step_gives_the_attention_its_longest_query_run(device, monkeypatch):
+    """An eager prefill of three prompts of different lengths (run once before, so the longest has
+    a cached prefix), launched up to its sampled tokens: the attention is given the longest query
+    run from the host's offsets, which counts queries, not keys; on a GPU under CUDA's
+    synchronization check set to raise, so nothing in the step reads the device back."""
     from bringup_kernels.ops import attn
 
-    llm = LLM(CHECKPOINT_DIR, dtype="bfloat16", device="cuda", max_num_seqs=4, max_model_len=96)
-    llm.generate(PROMPTS, SamplingParams(max_tokens=1))  # compiles every kernel of the step first
+    llm = LLM(CHECKPOINT_DIR, dtype="bfloat16" if device == "cuda" else "float32", device=device, max_num_seqs=4,
+              max_model_len=96)
+    llm.generate(PROMPTS, SamplingParams(max_tokens=1))  # caches the prompts' blocks, compiles the step's kernels
     seqs = [llm.add_request(p, SamplingParams(max_tokens=2, ignore_eos=True)) for p in PROMPTS]
     scheduled, is_prefill = llm.scheduler.schedule()
     assert is_prefill and scheduled == seqs
     bounds, op = [], attn.mla_prefill
     monkeypatch.setattr(attn, "mla_prefill", lambda *a, **kw: (bounds.append(kw.get("max_seqlen_q")), op(*a, **kw))[1])
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    sync_check = torch.cuda.set_sync_debug_mode if device == "cuda" else lambda mode: None
+    if device == "cuda":
+        torch.cuda.synchronize()
+    sync_check("error")
     try:
         logits, packed = llm.runner.launch(seqs, is_prefill=True)
     finally:
-        torch.cuda.set_sync_debug_mode("default")
+        sync_check("default")
     queries = max(len(s.token_ids) - s.num_cached_tokens for s in seqs)
     assert queries < max(len(p) for p in PROMPTS)
     assert bounds and set(bounds) == {queries}
