@@ -6,8 +6,8 @@ than the GPU time of a decode step's small kernels). Yet for given argument shap
 does the same thing every time. :func:`wrap` puts a table of ``bringup_kernels._launch_plans``
 (``native/launch_plans.cpp``) in front of the backend's function: a call whose *key* (the tensors'
 dtypes, devices, sizes, strides, address alignment mod 16 and which of them start at one address;
-the scalars' values; the current CUDA device) has a plan is served in C++: the plan's buffers allocated, its kernels launched
-with ``cuLaunchKernelEx``, its outputs rebuilt. The second call of a key runs the wrapper once
+the scalars' values; the current CUDA device) has a plan is served in C++: the plan's buffers
+allocated, its kernels launched with ``cuLaunchKernelEx``, its outputs rebuilt. The second call of a key runs the wrapper once
 more under :func:`record`, which builds the plan; the first runs plainly (it may tune or compile).
 
 A plan holds, per launch, the compiled kernel, its grid and launch options, and its parameters

@@ -269,7 +269,8 @@ def test_planned_calls_give_the_python_paths_bits_on_gpu(built, monkeypatch):
 
 def assert_same_bits(expected, got) -> None:
     """``got`` (a tensor or a tuple of them) has ``expected``'s shapes, strides, dtypes and bits."""
-    for et, gt in zip(expected if isinstance(expected, tuple) else (expected,), got if isinstance(got, tuple) else (got,)):
+    as_tuple = lambda outs: outs if isinstance(outs, tuple) else (outs,)  # noqa: E731
+    for et, gt in zip(as_tuple(expected), as_tuple(got)):
         assert et.shape == gt.shape and et.stride() == gt.stride() and et.dtype == gt.dtype
         assert torch.equal(et.view(torch.uint8), gt.view(torch.uint8))
 

@@ -1,16 +1,16 @@
 // bringup_kernels._launch_plans: an op call served from a recorded launch plan, without Python.
 //
 // A Table stands in front of one op's Python function. A call's key is everything about its
-// arguments that a wrapper may branch on: per tensor its dtype, device, sizes, strides, the
-// low 4 bits of its address and which earlier tensor argument (if any) starts at the same
-// address (so a plan recorded in place serves only calls in place); per scalar (None, bool, int, float, str, torch.dtype) its type and
-// value; the keyword names; and the current CUDA device. A key with a plan is replayed here:
-// the plan's fresh buffers are allocated (the caching allocator, as torch.empty), every kernel
-// is launched with cuLaunchKernelEx on the current stream with its recorded parameters, pointers
-// rebased onto this call's tensors and buffers (TMA descriptors encoded again for the new
-// addresses), and the outputs are rebuilt as views of those tensors and buffers. Any other call
-// (no plan, an argument outside the key's types, a stream being captured) goes to the Python
-// fallback with the key (or None), which may record a plan and add() it.
+// arguments that a wrapper may branch on: per tensor its dtype, device, sizes, strides, the low 4
+// bits of its address and which earlier tensor argument (if any) starts at the same address (so a
+// plan recorded in place serves only calls in place); per scalar (None, bool, int, float, str,
+// torch.dtype) its type and value; the keyword names; and the current CUDA device. A key with a
+// plan is replayed here: the plan's fresh buffers are allocated (the caching allocator, as
+// torch.empty), every kernel is launched with cuLaunchKernelEx on the current stream with its
+// recorded parameters, pointers rebased onto this call's tensors and buffers (TMA descriptors
+// encoded again for the new addresses), and the outputs are rebuilt as views of those tensors and
+// buffers. Any other call (no plan, an argument outside the key's types, a stream being captured)
+// goes to the Python fallback with the key (or None), which may record a plan and add() it.
 // bringup_kernels/launch_plans.py builds the plans; what a plan holds is described there.
 #include <ATen/ATen.h>
 #include <torch/csrc/Dtype.h>

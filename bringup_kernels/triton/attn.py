@@ -189,7 +189,7 @@ def mla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
         return out
     if max_seqlen_q is not None:  # the caller's bound
         max_q = min(max_seqlen_q, t)
-    elif q.is_cuda and torch.cuda.is_current_stream_capturing():  # a prefill graph: no host read; T bounds every query run
+    elif q.is_cuda and torch.cuda.is_current_stream_capturing():  # a prefill graph: no host read; T bounds each run
         max_q = t
     else:  # the longest query run, read on the host, and checked
         lens_q, lens_k = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
