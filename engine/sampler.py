@@ -28,14 +28,15 @@ class SamplingBatch:
 
     @classmethod
     def of(cls, seqs: list[Sequence], device: torch.device) -> "SamplingBatch":
-        """The rows of ``seqs``, built on the host and copied without waiting for the device."""
+        """The rows of ``seqs``, built on the host and copied without waiting for the device (one
+        copy per dtype; the fields are its rows)."""
         p = [s.params for s in seqs]
-        host = (torch.tensor([x.temperature for x in p], dtype=torch.float32),
-                torch.tensor([x.top_k for x in p], dtype=torch.int64),
-                torch.tensor([x.top_p for x in p], dtype=torch.float32),
-                torch.tensor([s.seed for s in seqs], dtype=torch.int64),
-                torch.tensor([s.num_completion_tokens for s in seqs], dtype=torch.int64))
-        return cls(*(t.to(device, non_blocking=True) for t in host))
+        floats = torch.tensor([[x.temperature for x in p], [x.top_p for x in p]], dtype=torch.float32)
+        ints = torch.tensor([[x.top_k for x in p], [s.seed for s in seqs], [s.num_completion_tokens for s in seqs]],
+                            dtype=torch.int64)
+        temperature, top_p = floats.to(device, non_blocking=True)
+        top_k, seed, step = ints.to(device, non_blocking=True)
+        return cls(temperature, top_k, top_p, seed, step)
 
 
 def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -283,7 +283,7 @@ def test_every_op_with_plans_gives_its_python_paths_bits_on_its_cases(built, mon
     argument start from the same state): five calls with plans (the third on served from the
     plan) against one without, bit for bit; and every such op served from a plan in at least one
     case."""
-    from bringup_kernels.cases import case_seed, generator
+    from bringup_kernels.ab import _inputs
 
     monkeypatch.setenv("ENGINE_OPS_TUNE", "0")
     device, served = torch.device("cuda"), {}
@@ -292,7 +292,7 @@ def test_every_op_with_plans_gives_its_python_paths_bits_on_its_cases(built, mon
             continue
         for case in op.cases(True)[:2]:
             def call():
-                args, kwargs = case.make(generator(case_seed(0, name, case.id)), device)
+                args, kwargs = _inputs(op, case, 0, device)
                 return op(*args, **kwargs)
 
             with registry.environment({"ENGINE_OPS_LAUNCH_PLANS": "1"}):
