@@ -1,5 +1,5 @@
 """Engine prefill: time to first token and prompt tokens/s at 1k and 8k prompt tokens, on the
-engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--model-dir DIR] [--out FILE] [--no-write]``.
+engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--model-dir DIR] [--out FILE] [--no-write] [--profile]``.
 
 One request at a time, a fresh random prompt each run (so the prefix cache never hits); the
 time to first token is the wall time of ``generate`` with one new token (prefill, logits,
@@ -13,6 +13,7 @@ that length (:mod:`engine.prefill_graphs`), the ways taking turns run by run, so
 the host's speed reaches them alike. The notes name the host ops that
 served (``engine._C`` or its Python twins: the prompt's block hashes and the step's packing are
 host work inside the time to first token) and, for the graph, its replay's GPU time alone.
+``--profile`` prints where the eager 1k prefill's host time goes instead (:mod:`benchmarks.prefill_profile`).
 """
 
 from __future__ import annotations
@@ -86,10 +87,29 @@ def measure(args) -> list[Row]:
     return rows
 
 
+def profile(args) -> int:
+    """Print where the eager 1k prefill's host time goes (nothing written)."""
+    from engine import LLM
+
+    from .prefill_profile import profile as print_profile
+
+    reason = harness.no_gpu_reason()
+    if reason:
+        print(f"prefill --profile: {reason}; nothing profiled", file=sys.stderr)
+        return 0
+    length = min(LENGTHS)
+    llm = LLM(str(model.checkpoint(args.model_dir)), dtype="bfloat16", device="cuda", max_num_seqs=4,
+              max_model_len=length + 64, max_num_batched_tokens=length + 64)
+    print_profile(llm, length, time_to_first_token)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, default=model.DEFAULT_DIR, help="where the random checkpoint is kept")
-    return harness.run("engine prefill", measure, p.parse_args(argv))
+    p.add_argument("--profile", action="store_true", help="print where the eager 1k prefill's host time goes instead")
+    args = p.parse_args(argv)
+    return profile(args) if args.profile else harness.run("engine prefill", measure, args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ A backend that serves an op may still be unable to serve one call (a vendor kern
 bf16 only, asked for fp32): it raises :class:`UnsupportedCall` before doing any work, and the
 op runs that call on the next backend of the chain. Such per-call fallbacks print one notice per
 op and reason, are listed by :func:`report` (``call_fallbacks``), and are refused under strict mode.
+Compiled Triton (not its interpreter) refuses so every call whose first argument is a tensor off
+the GPU, as the vendor and library backends refuse theirs, so that a process on a GPU host may also
+run the ops on CPU tensors (an engine on ``device="cpu"``): such a call goes down the chain to the
+first backend that takes it.
 
 Every call is counted per op and per backend that ran it (:func:`report` ``calls``; a dictionary
 increment per call, no tracing; calls recorded into a CUDA graph count once, at capture), so a
@@ -31,11 +35,14 @@ run can show which ops it exercised. A test-only switch can perturb an op's back
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+import torch
 
 from . import backend_env, perturb
 
@@ -88,7 +95,7 @@ class Op:
     backends: dict[str, str] = field(default_factory=dict)
     _impl: Callable[..., Any] | None = field(default=None, repr=False)
     _resolution: Resolution | None = field(default=None, repr=False)
-    _call_fallback: tuple[str, Callable[..., Any]] | None = field(default=None, repr=False)
+    _call_fallbacks: list[tuple[str, Callable[..., Any]]] | None = field(default=None, repr=False)
     _call_fallback_reasons: dict[str, str] = field(default_factory=dict, repr=False)
     calls: dict[str, int] = field(default_factory=dict, repr=False)  # backend -> calls it ran
 
@@ -109,9 +116,7 @@ class Op:
         try:
             out = impl(*args, **kwargs)
         except UnsupportedCall as exc:
-            used, impl = self._serve_elsewhere(str(exc))
-            self._count(used)
-            return impl(*args, **kwargs)
+            return self._call_elsewhere(str(exc), args, kwargs)
         self._count(self._resolution.backend)
         return out
 
@@ -140,6 +145,8 @@ class Op:
         except Exception as exc:  # noqa: BLE001 - any import failure is a reason to report
             raise BackendUnavailable(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
         impl = getattr(module, attr)
+        if backend == "triton" and not backend_env.interpret_mode():
+            impl = _device_tensors_only(impl)
         if backend == "triton" and self.launch_plans:
             from . import launch_plans  # imports Triton's launch module: only once Triton serves
 
@@ -174,22 +181,38 @@ class Op:
         self._impl = impl
         return impl
 
-    def _serve_elsewhere(self, reason: str) -> tuple[str, Callable[..., Any]]:
-        """The backend and implementation for a call the resolved backend refused with ``reason``;
-        the first such call per reason prints a notice and is recorded (strict mode raises instead)."""
+    def _call_elsewhere(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        """Run a call the resolved backend refused with ``reason`` on the first backend down its
+        fallback chain that takes it; the first such call per reason prints a notice and is
+        recorded (strict mode raises instead)."""
         backend = self.resolution().backend
-        if self._call_fallback is None:
-            used, impl, _ = self._first_available(backend_env.fallback_chain(backend))
-            self._call_fallback = (used, impl)
-        used, impl = self._call_fallback
+        if self._call_fallbacks is None:
+            self._call_fallbacks = self._available(backend_env.fallback_chain(backend))
         if strict():
             raise StrictFallbackError(f"{self.name}: backend '{backend}' cannot serve this call ({reason}) and "
-                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{used}'") from None
-        if reason not in self._call_fallback_reasons:
-            self._call_fallback_reasons[reason] = used
-            print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
-                  file=sys.stderr)
-        return used, impl
+                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{self._call_fallbacks[0][0]}'") from None
+        for used, impl in self._call_fallbacks:
+            try:
+                out = impl(*args, **kwargs)
+            except UnsupportedCall:
+                continue
+            if reason not in self._call_fallback_reasons:
+                self._call_fallback_reasons[reason] = used
+                print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
+                      file=sys.stderr)
+            self._count(used)
+            return out
+        raise AssertionError(f"{self.name}: no backend of {backend_env.fallback_chain(backend)} took the call")
+
+    def _available(self, chain: list[str]) -> list[tuple[str, Callable[..., Any]]]:
+        """``(name, impl)`` of every backend of ``chain`` that serves this op here, in order."""
+        found = []
+        for name in chain:
+            try:
+                found.append((name, self.load(name)))
+            except BackendUnavailable:
+                continue
+        return found
 
     def call_fallbacks(self) -> list[dict[str, str]]:
         """The calls this op ran on another backend so far, one entry per reason."""
@@ -201,12 +224,24 @@ class Op:
         """Forget the resolved backend (tests change the environment between resolutions)."""
         self._impl = None
         self._resolution = None
-        self._call_fallback = None
+        self._call_fallbacks = None
         self._call_fallback_reasons = {}
 
 
 class BackendUnavailable(Exception):
     """A backend cannot serve an op here; the message says why."""
+
+
+def _device_tensors_only(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """Compiled Triton's ``impl`` refusing (:class:`UnsupportedCall`) a call whose first argument
+    is a tensor off the GPU, before any work."""
+    @functools.wraps(impl)
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], torch.Tensor) and not args[0].is_cuda:
+            raise UnsupportedCall(f"its tensors are on {args[0].device.type}; Triton here is compiled for the GPU")
+        return impl(*args, **kwargs)
+
+    return on_device
 
 
 _OPS: dict[str, Op] = {}

@@ -28,7 +28,8 @@
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes; the first run on a
 #              fresh machine also makes the benchmark checkpoint), with PROFILE_PLAIN=1 again with the
 #              kernels launched plainly (ENGINE_OPS_PDL=0), then python -m benchmarks.host_overhead
-#              --profile (where an eager op call's host time goes)
+#              --profile (where an eager op call's host time goes) and benchmarks.prefill --profile
+#              (where the eager 1k prefill's host time goes)
 #   ncu        python -m benchmarks.ncu (Nsight Compute counters of the kernels in NCU_CASES,
 #              default all, at their benchmark shapes; raw metrics in OUT/ncu.jsonl)
 # The vendor backends (deep_gemm, flash_mla: build the extensions first and put their folders on
@@ -163,6 +164,7 @@ want profile && step profile 330 $PY -m benchmarks.profile_decode --out "$OUT/pr
 [ -n "${PROFILE_PLAIN:-}" ] && want profile && \
   step profile-plain 200 env ENGINE_OPS_PDL=0 $PY -m benchmarks.profile_decode --out "$OUT/profile-plain.md"
 want profile && step profile-host 120 $PY -m benchmarks.host_overhead --profile --calls 500
+want profile && step profile-prefill 240 $PY -m benchmarks.prefill --profile
 want ncu && step ncu 400 $PY -m benchmarks.ncu ${NCU_CASES:+--cases "$NCU_CASES"} --out "$OUT/ncu.md" --raw "$OUT/ncu.jsonl"
 
 echo

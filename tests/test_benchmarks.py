@@ -533,3 +533,39 @@ def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, messag
     assert gemm_prefill.candidate("gluon-ws+persistent+tma-store+two-consumers:128x128x4x4")[0] == (
         "gluon-ws 128x128 s4 w4 persistent tma-store two-consumers")
     assert gemm_prefill.candidate("gluon-ws+persistent+split4:128x128x4x8")[0] == "gluon-ws 128x128 s4 w8 persistent split4"
+
+
+def test_the_prefill_profile_times_the_enqueue_and_each_op_and_puts_everything_back(capsys, fresh_registry,
+                                                                                    monkeypatch):
+    import re
+    import time
+
+    from benchmarks import prefill_profile
+    from bringup_kernels import registry
+    from engine import LLM, SamplingParams
+
+    monkeypatch.setenv("ENGINE_OPS_BACKEND", "torch")  # the references: quicker than kernels under the interpreter
+    llm = LLM("engine/tiny/checkpoint", dtype="float32", device="cpu", max_num_seqs=2, max_model_len=64,
+              max_num_batched_tokens=64)
+    prompts = []
+
+    def ttft(llm, length, seed):
+        prompts.append(torch.randint(2, 250, (length,), generator=torch.Generator().manual_seed(seed)).tolist())
+        start = time.perf_counter()
+        llm.generate([prompts[-1]], SamplingParams(max_tokens=1, ignore_eos=True))
+        return time.perf_counter() - start
+
+    prefill_profile.profile(llm, 24, ttft)
+    lines = capsys.readouterr().out.splitlines()
+    wall, enqueue = map(float, re.fullmatch(r"prefill 24 tokens, .*: ([\d.]+) ms to first token, ([\d.]+) ms of it "
+                                            r"enqueueing the step", lines[0]).groups())
+    assert 0 < enqueue <= wall
+    calls = {line.split()[-1]: int(line.split()[2]) for line in lines[2:]
+             if line.endswith(("attn.mla_prefill", "norm.rmsnorm"))}
+    assert calls == {"attn.mla_prefill": 3, "norm.rmsnorm": 3 * 3 + 1}, \
+        "per step: one per layer; three per layer (before attention, the query's low rank, before the MLP), the last"
+    assert any(line.startswith("cProfile of one prompt of 24 tokens") for line in lines)
+    # two to compile and record, the timed runs, then the profile's warm-up and its profiled prompt
+    assert len({tuple(p) for p in prompts}) == len(prompts) == 2 + prefill_profile.RUNS + 2, "a fresh prompt each run"
+    assert "launch" not in vars(llm.runner), "the runner's own launch is back"
+    assert all(getattr(op._impl, "__name__", None) != "timed" for op in registry.ops().values()), "the ops are back"

@@ -57,6 +57,46 @@ def test_a_declined_call_counts_for_the_backend_that_ran_it(monkeypatch):
     assert bringup_kernels.report()["calls"]["norm.rmsnorm"] == {"torch": 1}
 
 
+@pytest.fixture
+def gpu_host(monkeypatch):
+    """The backends' eligibility as on a host with a CUDA device (Triton compiled, not interpreted)."""
+    import functools
+
+    from bringup_kernels import backend_env
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(backend_env, "_cuda_available", functools.lru_cache(maxsize=None)(lambda: True))
+    registry.reset()
+
+
+def test_a_gpu_backend_leaves_a_call_on_cpu_tensors_to_the_reference(gpu_host, capsys):
+    x, w = _x(21)
+    assert norm.rmsnorm.resolution().backend == "triton"
+    y = norm.rmsnorm(x, w)  # compiled Triton never sees the tensors: on this CPU-only machine it could not run them
+    y_again = norm.rmsnorm(x, w)
+    want = norm.rmsnorm_reference(x, w)
+    assert torch.equal(y, want) and torch.equal(y_again, want)
+    assert norm.rmsnorm.calls == {"torch": 2}  # (report() would ask torch for the stand-in's device)
+    assert norm.rmsnorm.call_fallbacks() == [{"op": "norm.rmsnorm", "backend": "triton", "used": "torch",
+                                              "reason": "its tensors are on cpu; Triton here is compiled for the GPU"}]
+    assert capsys.readouterr().err.count("cannot serve a call") == 1, "one notice per op and reason"
+
+
+def test_a_call_refused_down_the_chain_goes_on_to_the_first_backend_that_takes_it(gpu_host, monkeypatch):
+    def declines(*args, **kwargs):
+        raise registry.UnsupportedCall("the vendor kernel is bf16 only")
+
+    norm.rmsnorm.resolution()
+    monkeypatch.setattr(norm.rmsnorm, "_impl", declines)
+    monkeypatch.setattr(norm.rmsnorm, "_resolution", registry.Resolution("norm.rmsnorm", "tilelang", "tilelang"))
+    x, w = _x(23)
+    assert torch.equal(norm.rmsnorm(x, w), norm.rmsnorm_reference(x, w)), "tilelang, then triton (GPU only) refused"
+    assert norm.rmsnorm.calls == {"torch": 1}
+    monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
+    with pytest.raises(registry.StrictFallbackError, match="refuses the fallback to 'triton'"):
+        norm.rmsnorm(x, w)
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_perturbation_scales_the_named_backend_only(monkeypatch, backend):
     x, w = _x(7)

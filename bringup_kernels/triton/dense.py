@@ -344,6 +344,8 @@ def _past_l2(weight: torch.Tensor) -> list[torch.Tensor]:
 
 def _matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """The same product through torch (cuBLAS on a GPU), in the widest of the three dtypes."""
+    if x.dtype == weight.dtype == out_dtype and weight.dim() == 2:  # the prefill's projections: nothing to convert
+        return F.linear(x, weight)
     dtype = torch.promote_types(torch.promote_types(x.dtype, weight.dtype), out_dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     out = torch.einsum("mhk,hnk->mhn", x, weight) if weight.dim() == 3 else F.linear(x, weight)

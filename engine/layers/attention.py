@@ -98,19 +98,22 @@ class MLAttention:
         """``(q_a(x), kv_a(x))`` (None for the first without ``q_lora``): column slices of one
         GEMM's output when the two are fused."""
         if self.qkv_a is not None:
-            q_low, kv_low = self.qkv_a(x).split([self.q_lora_rank, self.rank + self.rope_dim], dim=-1)
-            return q_low, kv_low
+            both = self.qkv_a(x)
+            return both.narrow(-1, 0, self.q_lora_rank), both.narrow(-1, self.q_lora_rank, self.rank + self.rope_dim)
         return (self.q_a(x) if self.q_lora else None), self.kv_a(x)
 
     def _prefill(self, q: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         """Attention of the step's queries ``q`` [T, H, nope + rope] (rope part not yet rotated;
         rotated in place) over their sequences' whole context, decompressed per head."""
-        self.rotary(q[..., self.nope :], positions, out=q[..., self.nope :])
-        context = self.kv_cache.view(-1, self.kv_cache.shape[-1])[meta.context_slots]
+        q_rope = q.narrow(-1, self.nope, self.rope_dim)
+        self.rotary(q_rope, positions, out=q_rope)
+        context = self.kv_cache.view(-1, self.kv_cache.shape[-1]).index_select(0, meta.context_slots)
         s = context.shape[0]
-        k_nope, v = gemm.dense(context[:, : self.rank], self.kv_b).view(s, self.heads, -1).split([self.nope, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, context[:, None, self.rank :].expand(s, self.heads, self.rope_dim)], dim=-1)
-        return attn.mla_prefill(q, k, v.contiguous(), meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale,
+        kv = gemm.dense(context.narrow(1, 0, self.rank), self.kv_b).view(s, self.heads, -1)
+        k_rope = context.narrow(1, self.rank, self.rope_dim).unsqueeze(1).expand(s, self.heads, self.rope_dim)
+        k = torch.cat([kv.narrow(-1, 0, self.nope), k_rope], dim=-1)
+        v = kv.narrow(-1, self.nope, self.v_dim)  # strided: the kernel reads each head's row in place
+        return attn.mla_prefill(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, self.scale,
                                 max_seqlen_q=meta.max_seqlen_q)
 
     def _decode(self, q: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:

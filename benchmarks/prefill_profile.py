@@ -1,0 +1,95 @@
+"""Where an eager prefill's host time goes (``python -m benchmarks.prefill --profile``; prints,
+writes nothing).
+
+The engine's fastest eager way (kernels launched directly, launch plans recorded by one prompt
+first) runs fresh prompts of ``length`` tokens. Printed: the median wall time to first token
+against the host's time to enqueue the step (:meth:`engine.model_runner.ModelRunner.launch`
+returning, the GPU still working), each registry op's calls and host microseconds per step
+(timed around the op's resolved implementation, so dispatch through :class:`Op` is not in
+them; the rest of the enqueue time is the layers' own torch glue), then cProfile's top functions
+of one more prompt (read the shares: the profiler adds its own cost to every Python call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+RUNS = 5
+
+
+@contextlib.contextmanager
+def timed_ops(totals: dict[str, list[float]]) -> Iterator[None]:
+    """Inside the block every resolved op's implementation is timed: ``totals[name]`` gets the
+    seconds of each call."""
+    from bringup_kernels import registry
+
+    saved = []
+    for op in registry.ops().values():
+        if op._impl is None:
+            continue
+        impl = op._impl
+        saved.append((op, impl))
+
+        def timed(*args, _impl=impl, _times=totals[op.name], **kwargs):
+            start = time.perf_counter()
+            try:
+                return _impl(*args, **kwargs)
+            finally:
+                _times.append(time.perf_counter() - start)
+        op._impl = timed
+    try:
+        yield
+    finally:
+        for op, impl in saved:
+            op._impl = impl
+
+
+@contextlib.contextmanager
+def timed_enqueue(runner, times: list[float]) -> Iterator[None]:
+    """Inside the block ``times`` gets the seconds each ``runner.launch`` took (the host's work
+    to enqueue a step; the step's results are read afterwards)."""
+    launch = runner.launch
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = launch(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+        return out
+    runner.launch = timed
+    try:
+        yield
+    finally:
+        del runner.launch
+
+
+def profile(llm, length: int, ttft) -> None:
+    """Print the three tables for prompts of ``length`` tokens; ``ttft(llm, length, seed)`` runs
+    one prompt and returns its wall seconds to first token."""
+    from . import harness
+    from .call_profile import format_costs, profile_calls
+
+    seeds = itertools.count(7 * length)
+    with harness.direct_launch(True), harness.launch_plans(True):
+        for _ in range(2):  # compile and tune, then record the plans
+            ttft(llm, length, next(seeds))
+        walls, enqueues, ops = [], [], defaultdict(list)
+        with timed_enqueue(llm.runner, enqueues), timed_ops(ops):
+            for _ in range(RUNS):
+                walls.append(ttft(llm, length, next(seeds)))
+        print(f"prefill {length} tokens, direct launch + launch plans, median of {RUNS}: "
+              f"{statistics.median(walls) * 1e3:.2f} ms to first token, "
+              f"{statistics.median(enqueues) * 1e3:.2f} ms of it enqueueing the step")
+        op_total = sum(map(sum, ops.values())) / RUNS
+        print(f"  registry ops: {op_total * 1e3:.2f} ms of host time per step "
+              f"({sum(map(len, ops.values())) // RUNS} calls)")
+        for name, times in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
+            per_step = sum(times) / RUNS
+            print(f"  {per_step * 1e3:7.3f} ms  {len(times) // RUNS:4d} calls  "
+                  f"{statistics.median(times) * 1e6:6.1f} us median  {name}")
+        total, costs = profile_calls(lambda: ttft(llm, length, next(seeds)), calls=1, top=30)
+    print(format_costs(f"cProfile of one prompt of {length} tokens", total, costs))
