@@ -3,12 +3,13 @@ separate ops, one expert at a time. ``python -m benchmarks.moe [--tune] [--out F
 
 DeepSeek-V3 shapes (256 experts, top-8, hidden 7168, moe_inter 2048, FP8 128x128 weights) at 1,
 64 and 4096 tokens, and the engine benchmark's bf16 shapes (64 experts, top-6, hidden 2048,
-moe_inter 704) at 1 and 32 tokens. Routing is uniform random (distinct experts per token).
+moe_inter 704) at 1 and 32 tokens and at its 1k prefill's 1024. Routing is uniform random (distinct experts per token).
 The parts: ``quant.act_quant``, then per expert ``gemm.fp8_block`` (gate/up), ``act.swiglu_quant``,
 ``gemm.fp8_block`` (down), weighting and ``index_add_`` (FP8); cuBLAS ``F.linear`` and
 ``act.swiglu`` for bf16. The per-expert token lists are made on the host before timing.
 Both sides are timed as CUDA-graph replays. Few tokens are bound by the touched experts' weight
-bytes (TB/s against the copy bandwidth); 4096 tokens by compute (TFLOP/s against cuBLAS FP8).
+bytes (TB/s against the copy bandwidth); more by compute (TFLOP/s against cuBLAS FP8, or bf16
+for bf16 weights; the notes give the weight bytes' TB/s too).
 Untuned default configurations unless ``--tune``.
 """
 
@@ -26,7 +27,7 @@ from .harness import Row
 
 FP8 = torch.float8_e4m3fn
 DSV3 = dict(experts=256, top_k=8, dim=7168, inter=2048, fp8=True, tokens=(1, 64, 4096))
-SMALL = dict(experts=64, top_k=6, dim=2048, inter=704, fp8=False, tokens=(1, 32))
+SMALL = dict(experts=64, top_k=6, dim=2048, inter=704, fp8=False, tokens=(1, 32, 1024))
 ROUTINGS = 8
 
 
@@ -80,7 +81,7 @@ def measure(args) -> list[Row]:
     os.environ["ENGINE_OPS_TUNE"] = "1" if args.tune else "0"
     from bringup_kernels.triton.experts import fused_experts
 
-    copy, gemm = harness.copy_bandwidth(), harness.fp8_gemm_flops()
+    copy, fp8_gemm, bf16_gemm = harness.copy_bandwidth(), harness.fp8_gemm_flops(), harness.bf16_gemm_flops()
     rows = harness.LiveRows()
     for spec in (SMALL, DSV3):
         e, k, d, i, fp8 = spec["experts"], spec["top_k"], spec["dim"], spec["inter"], spec["fp8"]
@@ -105,9 +106,11 @@ def measure(args) -> list[Row]:
                 throughput = f"{harness.tb_s(nbytes, ms):.2f} TB/s"
                 ceiling = harness.percent(nbytes / (ms * 1e-3), copy, f"copy {copy / 1e12:.2f} TB/s")
             else:
+                gemm, kind = (fp8_gemm, "FP8") if fp8 else (bf16_gemm, "bf16")
                 throughput = f"{harness.tflop_s(flops, ms):.0f} TFLOP/s"
-                ceiling = harness.percent(flops / (ms * 1e-3), gemm, f"cuBLAS FP8 {gemm / 1e12:.0f} TFLOP/s")
-            notes = f"{hit:.0f} experts hit per call; {'tuned' if args.tune else 'default config'}"
+                ceiling = harness.percent(flops / (ms * 1e-3), gemm, f"cuBLAS {kind} {gemm / 1e12:.0f} TFLOP/s")
+            notes = f"{hit:.0f} experts hit per call ({harness.tb_s(nbytes, ms):.2f} TB/s of their bytes); " \
+                    f"{'tuned' if args.tune else 'default config'}"
             rows.append(Row("moe.fused_experts", shape, f"{ms:.3f} ms", throughput, ceiling,
                             harness.speedup(ms, peer_ms, "separate ops per expert"), notes))
         del w13, w2, s13, s2
