@@ -6,8 +6,9 @@ first) runs fresh prompts of ``length`` tokens. Printed: the median wall time to
 against the host's time to enqueue the step (:meth:`engine.model_runner.ModelRunner.launch`
 returning, the GPU still working), each registry op's calls and host microseconds per step
 (timed around the op's resolved implementation, so dispatch through :class:`Op` is not in
-them; the rest of the enqueue time is the layers' own torch glue), then cProfile's top functions
-of one more prompt (read the shares: the profiler adds its own cost to every Python call).
+them; the rest of the enqueue time is the layers' own torch glue), cProfile's top functions
+of one more prompt (read the shares: the profiler adds its own cost to every Python call), and
+the kernels of one more with their GPU time (:func:`kernel_table`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
 
 RUNS = 5
 
@@ -92,4 +97,21 @@ def profile(llm, length: int, ttft) -> None:
             print(f"  {per_step * 1e3:7.3f} ms  {len(times) // RUNS:4d} calls  "
                   f"{statistics.median(times) * 1e6:6.1f} us median  {name}")
         total, costs = profile_calls(lambda: ttft(llm, length, next(seeds)), calls=1, top=30)
-    print(format_costs(f"cProfile of one prompt of {length} tokens", total, costs))
+        print(format_costs(f"cProfile of one prompt of {length} tokens", total, costs))
+        print(kernel_table(lambda: ttft(llm, length, next(seeds)), llm.runner.device.type))
+
+
+def kernel_table(run, device: str, top: int = 20) -> str:
+    """The work one ``run()`` put on ``device``: on "cuda" its kernels (launches and summed GPU
+    time), elsewhere its ATen ops (their own host time); the ``top`` names by time."""
+    cuda = device == "cuda"
+    activity, kind = (ProfilerActivity.CUDA, DeviceType.CUDA) if cuda else (ProfilerActivity.CPU, DeviceType.CPU)
+    with torch.profiler.profile(activities=[activity]) as prof:
+        run()
+    rows = sorted(((a.self_device_time_total if cuda else a.self_cpu_time_total, a.count, a.key)
+                   for a in prof.key_averages() if a.device_type == kind), reverse=True)
+    what = "kernels" if cuda else "ATen ops"
+    lines = [f"{what} of one prompt on {device}: {sum(r[1] for r in rows)} launches, "
+             f"{sum(r[0] for r in rows) / 1e3:.2f} ms"]
+    lines += [f"  {us / 1e3:7.3f} ms  {count:4d}x  {name[:100]}" for us, count, name in rows[:top]]
+    return "\n".join(lines)

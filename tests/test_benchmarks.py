@@ -565,7 +565,13 @@ def test_the_prefill_profile_times_the_enqueue_and_each_op_and_puts_everything_b
     assert calls == {"attn.mla_prefill": 3, "norm.rmsnorm": 3 * 3 + 1}, \
         "per step: one per layer; three per layer (before attention, the query's low rank, before the MLP), the last"
     assert any(line.startswith("cProfile of one prompt of 24 tokens") for line in lines)
-    # two to compile and record, the timed runs, then the profile's warm-up and its profiled prompt
-    assert len({tuple(p) for p in prompts}) == len(prompts) == 2 + prefill_profile.RUNS + 2, "a fresh prompt each run"
+    # two to compile and record, the timed runs, the cProfile's warm-up and profiled prompt, the kernels' prompt
+    assert len({tuple(p) for p in prompts}) == len(prompts) == 2 + prefill_profile.RUNS + 3, "a fresh prompt each run"
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("ATen ops of one prompt on cpu")):]
+    launches = int(re.search(r": (\d+) launches", table[0]).group(1))
+    rows = [(float(line.split()[0]), int(line.split()[2][:-1]), line.split()[-1]) for line in table[1:]]
+    assert 0 < len(rows) <= 20 and sum(r[1] for r in rows) <= launches
+    assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True), "the most time first"
+    assert "aten::mm" in [r[2] for r in rows], "the projections' matmuls are among the ops that take the time"
     assert "launch" not in vars(llm.runner), "the runner's own launch is back"
     assert all(getattr(op._impl, "__name__", None) != "timed" for op in registry.ops().values()), "the ops are back"
