@@ -1,5 +1,6 @@
 """Engine prefill: time to first token and prompt tokens/s at 1k and 8k prompt tokens, on the
-engine benchmark's ~4.6B random DeepseekV3. ``python -m benchmarks.prefill [--model-dir DIR] [--out FILE] [--no-write] [--profile]``.
+engine benchmark's ~4.6B random DeepseekV3.
+``python -m benchmarks.prefill [--model-dir DIR] [--out FILE] [--no-write] [--profile]``.
 
 One request at a time, a fresh random prompt each run (so the prefix cache never hits); the
 time to first token is the wall time of ``generate`` with one new token (prefill, logits,

@@ -189,8 +189,9 @@ class Op:
         if self._call_fallbacks is None:
             self._call_fallbacks = self._available(backend_env.fallback_chain(backend))
         if strict():
+            nearest = self._call_fallbacks[0][0]
             raise StrictFallbackError(f"{self.name}: backend '{backend}' cannot serve this call ({reason}) and "
-                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{self._call_fallbacks[0][0]}'") from None
+                                      f"ENGINE_OPS_STRICT=1 refuses the fallback to '{nearest}'") from None
         for used, impl in self._call_fallbacks:
             try:
                 out = impl(*args, **kwargs)
@@ -198,8 +199,8 @@ class Op:
                 continue
             if reason not in self._call_fallback_reasons:
                 self._call_fallback_reasons[reason] = used
-                print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); using '{used}' for it",
-                      file=sys.stderr)
+                print(f"[kernels] {self.name}: backend '{backend}' cannot serve a call ({reason}); "
+                      f"using '{used}' for it", file=sys.stderr)
             self._count(used)
             return out
         raise AssertionError(f"{self.name}: no backend of {backend_env.fallback_chain(backend)} took the call")
