@@ -97,6 +97,17 @@ def test_a_call_refused_down_the_chain_goes_on_to_the_first_backend_that_takes_i
         norm.rmsnorm(x, w)
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_host_cpu_tensors_run_on_the_reference_and_cuda_ones_on_triton():
+    x, w = _x(31)
+    y_cpu = norm.rmsnorm(x, w)
+    y_cuda = norm.rmsnorm(x.cuda(), w.cuda())
+    assert torch.equal(y_cpu, norm.rmsnorm_reference(x, w))
+    torch.testing.assert_close(y_cuda.cpu(), y_cpu, rtol=2e-5, atol=1e-6)
+    assert norm.rmsnorm.calls == {"torch": 1, "triton": 1}
+    assert [entry["used"] for entry in norm.rmsnorm.call_fallbacks()] == ["torch"]
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_perturbation_scales_the_named_backend_only(monkeypatch, backend):
     x, w = _x(7)
