@@ -73,8 +73,8 @@ def timed_enqueue(runner, times: list[float]) -> Iterator[None]:
 
 
 def profile(llm, length: int, ttft) -> None:
-    """Print the three tables for prompts of ``length`` tokens; ``ttft(llm, length, seed)`` runs
-    one prompt and returns its wall seconds to first token."""
+    """Print the module doc's tables for prompts of ``length`` tokens; ``ttft(llm, length, seed)``
+    runs one prompt and returns its wall seconds to first token."""
     from . import harness
     from .call_profile import format_costs, profile_calls
 
