@@ -133,6 +133,8 @@ def test_prefill_with_cached_prefixes_and_multi_block_causal_masks(dqk, dv):
         k, v = kv_rows[..., :dqk], kv_rows[..., dqk:]  # strided views, as a split of one projection
         out = attn.mla_prefill(q, k, v, cu_q, cu_k, 0.3)
         assert rel_err(out, mla_prefill_reference(q, k, v, cu_q, cu_k, 0.3)) <= rtol
+        assert torch.equal(out, attn.mla_prefill(q, k.contiguous(), v.contiguous(), cu_q, cu_k, 0.3)), \
+            "strided keys and values give the bits of contiguous ones"
 
 
 def test_prefill_rejects_more_queries_than_keys():
