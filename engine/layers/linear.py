@@ -32,16 +32,14 @@ class Linear:
     def __call__(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T``, plus ``add`` when given (rounded once more, as ``y + add``: for dense
         weights in the GEMM's own launch)."""
-        if x.dim() == 2 and not self.fp8:  # rows already: no reshapes around the call
-            return gemm.dense(x, self.weight, add=add)
-        rows = x.reshape(-1, x.shape[-1])
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # rows already: no reshapes around the call
         if not self.fp8:
             y = gemm.dense(rows, self.weight, add=add)
         else:
             q, s = quant.act_quant(rows, BLOCK, self.scale_fmt)
             y = self.on_quantized(q, s, x.dtype)
             y = y if add is None else y.add_(add)
-        return y.view(*x.shape[:-1], -1)
+        return y if rows is x else y.view(*x.shape[:-1], -1)
 
     def on_quantized(self, q: torch.Tensor, s: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """FP8 GEMM of already quantized activations ``(q, s)`` (from ``act_quant``/``swiglu_quant``)."""
