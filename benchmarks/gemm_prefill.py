@@ -19,8 +19,10 @@ SM looping over tiles: the producer loads the next tile while the consumers stor
 ``+tma-store`` (each tile written through shared memory by TMA), and with ``gluon-ws``
 ``+two-consumers`` (two consumer partitions of WARPS warps, each on half the tile's rows),
 ``+staged-scales`` (the producer copies each K block's scales into its stage, the consumers read
-them from shared memory) or ``+splitS`` (S = 2-9 equal shares of the K blocks per tile, each an fp32 partial stored from
-registers and summed as the Triton tiles' K splits are; for rows too few to fill the SMs), e.g.
+them from shared memory), ``+narrow-tail`` (with ``+persistent``: the columns of a partial last round
+in tiles half as wide, where that saves a round) or ``+splitS`` (S = 2-9 equal shares of the K
+blocks per tile, each an fp32 partial stored from registers and summed as the Triton tiles' K
+splits are; for rows too few to fill the SMs), e.g.
 ``gluon-ws+persistent+tma-store:128x128x4x8`` (the engine's default at 4096 rows) or
 ``gluon-ws+persistent+split4:128x128x4x8``.
 The bits check also compares the last shape in full.
@@ -90,7 +92,8 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
             config = replace(config, split_k=split, persistent=False)
         return gemm.launch(a, sa, b, sb, torch.bfloat16, config)
 
-    allowed = {"persistent", "tma-store"} | ({"two-consumers", "staged-scales"} if kind == "gluon-ws" else set())
+    allowed = {"persistent", "tma-store"} | ({"two-consumers", "staged-scales", "narrow-tail"} if kind == "gluon-ws"
+                                             else set())
     if split > 1:  # through gemm.launch: fp32 shares, then the Triton kernels' sum
         allowed = {"persistent", f"split{split}"} if kind == "gluon-ws" else set()
     if kind in ("gluon", "gluon-ws") and set(extras) <= allowed:
@@ -105,12 +108,13 @@ def candidate(text: str) -> tuple[str, Callable, Callable, int]:
             return launch_gluon(a, sa, b, sb, out, bm, bn, stages, warps, warp_specialize=kind == "gluon-ws",
                                 programs=gemm.num_sms(a.device) if "persistent" in extras else None,
                                 tma_store="tma-store" in extras, consumers=2 if "two-consumers" in extras else 1,
-                                staged_scales="staged-scales" in extras)
+                                staged_scales="staged-scales" in extras, narrow_tail="narrow-tail" in extras)
 
         return " ".join([kind, f"{bm}x{bn} s{stages} w{warps}", *extras]), run, triton_default, split
     raise ValueError(f"--configs: {text!r} is not ws:BMxBNxSTAGES, "
-                     "gluon[-ws][+persistent][+tma-store][+two-consumers][+staged-scales]:BMxBNxSTAGESxWARPS "
-                     "(the last two with gluon-ws) or "
+                     "gluon[-ws][+persistent][+tma-store][+two-consumers][+staged-scales][+narrow-tail]:"
+                     "BMxBNxSTAGESxWARPS "
+                     "(the last three with gluon-ws) or "
                      "gluon-ws[+persistent]+splitS:BMxBNxSTAGESxWARPS")
 
 

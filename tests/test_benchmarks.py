@@ -499,19 +499,20 @@ def test_a_k_split_candidate_is_checked_against_the_triton_tiles_with_the_same_s
     assert gemm_prefill.candidate("gluon-ws+persistent+tma-store:128x128x4x8")[3] == 1
 
 
-def test_a_staged_scales_candidate_launches_the_gluon_tiles_with_the_scales_staged(monkeypatch):
+@pytest.mark.parametrize("extra, staged, tail", [("two-consumers+staged-scales", True, False),
+                                                 ("two-consumers+narrow-tail", False, True)])
+def test_staged_scales_and_narrow_tail_candidates_launch_the_gluon_tiles_so(monkeypatch, extra, staged, tail):
     from benchmarks import gemm_prefill
     from bringup_kernels.triton import gemm, gemm_gluon
 
     launched = []
     monkeypatch.setattr(gemm, "num_sms", lambda device: 132)
     monkeypatch.setattr(gemm_gluon, "launch_gluon", lambda *args, **kwargs: launched.append((args[5:9], kwargs)))
-    text = "gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4"
-    label, run, _, k_split = gemm_prefill.candidate(text)
+    label, run, _, k_split = gemm_prefill.candidate(f"gluon-ws+persistent+tma-store+{extra}:128x128x4x4")
     run(torch.empty(300, 1536), None, torch.empty(200, 1536), None)
-    assert label == "gluon-ws 128x128 s4 w4 persistent tma-store two-consumers staged-scales" and k_split == 1
+    assert label == "gluon-ws 128x128 s4 w4 persistent tma-store " + extra.replace("+", " ") and k_split == 1
     assert launched == [((128, 128, 4, 4), {"warp_specialize": True, "programs": 132, "tma_store": True,
-                                            "consumers": 2, "staged_scales": True})]
+                                            "consumers": 2, "staged_scales": staged, "narrow_tail": tail})]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -521,6 +522,7 @@ def test_a_staged_scales_candidate_launches_the_gluon_tiles_with_the_scales_stag
     (["--configs", "gluon-ws+split2+tma-store:128x128x4x8"], "'gluon-ws+split2+tma-store:128x128x4x8' is not"),
     (["--configs", "gluon+split2:128x128x4x8"], "'gluon+split2:128x128x4x8' is not"),
     (["--configs", "gluon+staged-scales:128x128x4x8"], "'gluon+staged-scales:128x128x4x8' is not"),
+    (["--configs", "gluon+narrow-tail:128x128x4x8"], "'gluon+narrow-tail:128x128x4x8' is not"),
     (["--configs", "gluon-ws+split2+staged-scales:128x128x4x8"], "'gluon-ws+split2+staged-scales:128x128x4x8' is not")])
 def test_the_prefill_tile_benchmark_refuses_bad_candidates_and_rows(args, message, capsys):
     """Two consumer partitions, staged scales and K splits need the producer partition (gluon-ws), K
