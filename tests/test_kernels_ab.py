@@ -235,14 +235,16 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
     without a producer partition, one program per tile or a few looping over the tiles,
     storing from registers or by TMA, with one consumer partition or two, with or without K splits,
     compute the Triton kernel's sums in the same order: the same bits, on M and N tails, for the
-    tiles benchmarks.gemm_prefill times; so do they with the scales staged by the producer."""
+    tiles benchmarks.gemm_prefill times; so do they with the scales staged by the producer, and with
+    the columns of a partial last round in tiles half as wide."""
     from bringup_kernels.ops.quant import act_quant_reference, quantize_weight
     from bringup_kernels.triton import gemm
-    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon, narrow_tail_from
 
     if gluon_reason() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(gluon_reason() or "the Gluon tiles are written for compute capability 9.x")
     gen = generator(13)
+    tails = 0
     # odd and even K block counts; 196 bf16 columns are too narrow a row for the TMA store
     for m, n, k in ((300, 196, 384), (520, 392, 1280)):
         a, sa = act_quant_reference(torch.randn(m, k, generator=gen).to(DEVICE))
@@ -270,11 +272,22 @@ def test_gluon_prefill_tiles_give_the_triton_kernels_bits():
                 launch_gluon(a, sa, b, sb, out, bm, bn, 4, warps, warp_specialize=True, programs=programs,
                              tma_store=True, consumers=consumers, staged_scales=True)
                 assert torch.equal(out, expected), (m, n, k, bm, bn, consumers, programs, "staged", out_dtype)
+            for bm, bn, warps, consumers in ((128, 128, 8, 1), (128, 64, 8, 1), (128, 128, 4, 2), (64, 128, 4, 1)):
+                # the narrow tail, where a program count gives the shape one; stored by TMA and from registers
+                programs = next((p for p in range(2, 12) if narrow_tail_from(m, n, bm, bn, p)), 2)
+                tails += narrow_tail_from(m, n, bm, bn, programs) is not None
+                for tma_store in (True, False):
+                    out = torch.empty(m, n, dtype=out_dtype, device=DEVICE)
+                    launch_gluon(a, sa, b, sb, out, bm, bn, 4, warps, warp_specialize=True, programs=programs,
+                                 tma_store=tma_store, consumers=consumers, narrow_tail=True)
+                    assert torch.equal(out, expected), (m, n, k, bm, bn, consumers, programs, "tail", tma_store,
+                                                        out_dtype)
             for split in (s for s in (2, 3, 5) if (k // 128) % s == 0):  # K splits: fp32 shares, summed alike
                 expected_split = gemm.launch(a, sa, b, sb, out_dtype, replace(triton_tiles, split_k=split))
                 for tiles in (replace(triton_tiles, split_k=split, persistent=True, gluon=True),
                               gemm.Config(64, 128, split, 4, 4, tma=True, gluon=True)):
                     assert torch.equal(gemm.launch(a, sa, b, sb, out_dtype, tiles), expected_split), (m, n, k, tiles)
+    assert tails >= 8, tails  # the narrow tail ran: every tile at 520 x 392, in both dtypes
 
 
 def test_gluon_k_splits_need_a_dividing_count_and_an_fp32_buffer_of_shares():
@@ -302,6 +315,28 @@ def test_gluon_staged_scales_need_a_producer_partition():
     with pytest.raises(ValueError, match=r"stage scales only with one; got consumers=1, staged_scales=True"):
         launch_gluon(a, torch.empty(64, 6), b, torch.empty(1, 6), torch.empty(64, 128, dtype=torch.bfloat16), 64, 128,
                      4, 4, staged_scales=True)
+
+
+def test_the_narrow_tail_is_taken_where_it_saves_a_round_and_needs_persistent_programs():
+    """The full-width tiles fill whole rounds, the rest go half as wide; nothing changes where the
+    tiles fill their rounds already, fill less than one, or the narrow tiles would take as long.
+    Without a program count (or with a K split) it is refused before anything is launched."""
+    from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon, narrow_tail_from
+
+    assert narrow_tail_from(128, 24576, 128, 128, 132) == 132 * 128  # then 120 tiles of 128 x 64: 1.5 rounds, not 2
+    assert narrow_tail_from(100, 24576, 128, 128, 132) == 132 * 128  # a row tail alike
+    assert narrow_tail_from(520, 392, 128, 128, 3) == 384  # 5 x 3 tiles in 5 rounds, then 5 narrow ones
+    assert narrow_tail_from(128, 33792, 128, 128, 132) is None  # 264 tiles: two whole rounds
+    assert narrow_tail_from(128, 4096, 128, 128, 132) is None  # 32 tiles: less than a round
+    assert narrow_tail_from(256, 24576, 128, 128, 132) is None  # 384 tiles: 3 rounds, with the tail too
+    if gluon_reason():
+        pytest.skip(gluon_reason())
+    a, b = torch.empty(128, 768, dtype=torch.float8_e4m3fn), torch.empty(128, 768, dtype=torch.float8_e4m3fn)
+    out = torch.empty(128, 128, dtype=torch.bfloat16)
+    for programs, split_k, block_n in ((None, 1, 128), (2, 2, 128), (2, 1, 16)):
+        with pytest.raises(ValueError, match=r"narrow tail needs programs, no K split and block_n >= 32"):
+            launch_gluon(a, torch.empty(128, 6), b, torch.empty(1, 6), out, 128, block_n, 4, 8, warp_specialize=True,
+                         programs=programs, split_k=split_k, narrow_tail=True)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):
@@ -349,6 +384,9 @@ def test_gemm_prefill_defaults_to_the_gluon_tiles_and_falls_back_when_they_fail(
     assert not any(c.gluon for c in gemm.candidates(4096, 2112, 7168, 132, tma=True))
     wide = gemm.candidates(128, 24576, 1536, 132, tma=True, gluon=True)  # 192 tiles of 128 x 128: a wave
     assert wide[0].gluon and wide[0].persistent and not any(c.gluon for c in wide[1:])
+    # ... and a half: the last 60 tiles' columns go as 120 of 128 x 64, one round instead of two
+    assert wide[0].narrow_tail and wide[0].label().endswith(" tail")
+    assert not gemm.candidates(256, 24576, 1536, 132, tma=True, gluon=True)[0].narrow_tail, "3 rounds either way"
     # 33 to 128 rows: 64 x 128 tiles with the K split that fills the SMs (64 tiles x 2 here), then
     # 128 x 128 with theirs; none where neither is needed (192 tiles of 64 x 128 at 64 rows), nor for
     # narrow outputs from 65 rows
