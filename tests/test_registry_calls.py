@@ -13,10 +13,14 @@ from bringup_kernels.cases import generator
 from bringup_kernels.ops import act, norm, quant
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
+# Where Triton runs the tests' calls: compiled on a GPU host (which leaves CPU tensors to torch),
+# interpreted on CPU elsewhere.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _x(seed: int = 1):
-    return torch.randn(5, 64, generator=generator(seed)), torch.rand(64, generator=generator(seed + 1)) + 0.5
+def _x(seed: int = 1, device: torch.device | str = DEVICE):
+    x, w = torch.randn(5, 64, generator=generator(seed)), torch.rand(64, generator=generator(seed + 1)) + 0.5
+    return x.to(device), w.to(device)
 
 
 def test_calls_are_counted_per_op_and_backend(monkeypatch):
@@ -24,7 +28,7 @@ def test_calls_are_counted_per_op_and_backend(monkeypatch):
     x, w = _x()
     for _ in range(3):
         norm.rmsnorm(x, w)
-    act.swiglu(torch.randn(4, 32, generator=generator(3)))
+    act.swiglu(torch.randn(4, 32, generator=generator(3)).to(DEVICE))
     calls = bringup_kernels.report()["calls"]
     assert calls["norm.rmsnorm"] == {"torch": 3}
     assert calls["act.swiglu"] == {"triton": 1}
@@ -70,7 +74,7 @@ def gpu_host(monkeypatch):
 
 
 def test_a_gpu_backend_leaves_a_call_on_cpu_tensors_to_the_reference(gpu_host, capsys):
-    x, w = _x(21)
+    x, w = _x(21, "cpu")
     assert norm.rmsnorm.resolution().backend == "triton"
     y = norm.rmsnorm(x, w)  # compiled Triton never sees the tensors: on this CPU-only machine it could not run them
     y_again = norm.rmsnorm(x, w)
@@ -89,7 +93,7 @@ def test_a_call_refused_down_the_chain_goes_on_to_the_first_backend_that_takes_i
     norm.rmsnorm.resolution()
     monkeypatch.setattr(norm.rmsnorm, "_impl", declines)
     monkeypatch.setattr(norm.rmsnorm, "_resolution", registry.Resolution("norm.rmsnorm", "tilelang", "tilelang"))
-    x, w = _x(23)
+    x, w = _x(23, "cpu")
     assert torch.equal(norm.rmsnorm(x, w), norm.rmsnorm_reference(x, w)), "tilelang, then triton (GPU only) refused"
     assert norm.rmsnorm.calls == {"torch": 1}
     monkeypatch.setenv("ENGINE_OPS_STRICT", "1")
@@ -99,7 +103,7 @@ def test_a_call_refused_down_the_chain_goes_on_to_the_first_backend_that_takes_i
 
 @pytest.mark.gpu
 def test_on_a_gpu_host_cpu_tensors_run_on_the_reference_and_cuda_ones_on_triton():
-    x, w = _x(31)
+    x, w = _x(31, "cpu")
     y_cpu = norm.rmsnorm(x, w)
     y_cuda = norm.rmsnorm(x.cuda(), w.cuda())
     assert torch.equal(y_cpu, norm.rmsnorm_reference(x, w))
@@ -111,7 +115,7 @@ def test_on_a_gpu_host_cpu_tensors_run_on_the_reference_and_cuda_ones_on_triton(
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_perturbation_scales_the_named_backend_only(monkeypatch, backend):
     x, w = _x(7)
-    residual = torch.randn(5, 64, generator=generator(9))
+    residual = torch.randn(5, 64, generator=generator(9)).to(DEVICE)
     monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", backend)
     clean_y, clean_res = norm.rmsnorm(x, w, 1e-6, residual)
     monkeypatch.setenv(perturb.ENV, f"norm.rmsnorm@{backend}=1e-2")
