@@ -40,9 +40,8 @@
 #                  gemm only when the bench step does not run it) and benchmarks.gemm_prefill (the
 #                  prefill tile candidates, each alone under a time limit, against DeepGEMM); then
 #                  benchmarks.gemm --replay (4096 rows by graph replays too) and gemm_prefill at 64
-#                  and 128 rows with the candidates in SMALL_M_CONFIGS (default: the two 4-warp consumer
-#                  partitions, the scales staged by the producer with one consumer partition and with
-#                  two, and 64 x 64 tiles with 12 stages unsplit, with and without staged scales)
+#                  and 128 rows with the candidates in SMALL_M_CONFIGS (default: the 128 x 128 tiles
+#                  without and with the narrow tail, and the tail with two 4-warp consumer partitions)
 #   vendor-engine  python -m benchmarks.engine_vendor (engine decode and 8k FP8 prefill, vendor on/off;
 #                  VENDOR_ENGINE_PARTS=decode or prefill runs one half)
 #   vendor-stage   python -m bringup ab --image VENDOR_IMAGE (default local-vendor; after
@@ -150,7 +149,7 @@ for family in gemm vendor gemm_prefill; do  # gemm measures every backend: skipp
 done
 want vendor-bench && step bench-gemm-replay "$VLIMIT" $PY -m benchmarks.gemm --replay --out "$OUT/performance.md"
 want vendor-bench && step bench-gemm-small-m "$VLIMIT" $PY -m benchmarks.gemm_prefill --m 64,128 --out "$OUT/performance.md" \
-  --configs "${SMALL_M_CONFIGS:-gluon-ws+persistent+tma-store+two-consumers:128x128x4x4,gluon-ws+persistent+tma-store+staged-scales:128x128x4x8,gluon-ws+persistent+tma-store+two-consumers+staged-scales:128x128x4x4,gluon-ws+persistent+tma-store:64x64x12x4,gluon-ws+persistent+tma-store+staged-scales:64x64x12x4}"
+  --configs "${SMALL_M_CONFIGS:-gluon-ws+persistent+tma-store:128x128x4x8,gluon-ws+persistent+tma-store+narrow-tail:128x128x4x8,gluon-ws+persistent+tma-store+two-consumers+narrow-tail:128x128x4x4}"
 want vendor-stage && step ab-stage "$VLIMIT" $PY -m bringup ab --image "${VENDOR_IMAGE:-local-vendor}"
 want vendor-engine && step bench-engine_vendor "${VENDOR_ENGINE_LIMIT:-600}" $PY -m benchmarks.engine_vendor \
   ${VENDOR_ENGINE_PARTS:+--parts "$VENDOR_ENGINE_PARTS"} --out "$OUT/performance.md"
