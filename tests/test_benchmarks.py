@@ -60,15 +60,17 @@ def test_host_overhead_times_calls_in_runs_with_a_synchronization_after_each():
 
 
 def test_host_overhead_times_a_backend_through_the_registry_and_directly(monkeypatch):
-    """The row logic on CPU tensors (Triton under the interpreter); the GPU's own timing and
-    synchronization are replaced, since no device is here."""
+    """The row logic, with the GPU's timing and synchronization replaced. The tensors sit where
+    Triton runs them: on CPU under the interpreter, on the GPU of a GPU host (whose compiled
+    Triton leaves CPU tensors to torch)."""
     from benchmarks import host_overhead
     from bringup_kernels import registry
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: (fn(), 0.0)[1])
     monkeypatch.setenv("ENGINE_OPS_BACKEND_NORM_RMSNORM", "torch")
-    x, w = torch.randn(1, 256), torch.rand(256) + 0.5
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x, w = torch.randn(1, 256, device=device), torch.rand(256, device=device) + 0.5
     registry.reset_calls()
     row = host_overhead.backend_row("norm.rmsnorm", "1x256 fp32", lambda: ((x, w), {}), "triton", calls=3)
     assert row.time.endswith(" us/call") and row.throughput.startswith("direct ") and row.of_ceiling == "GPU 0.0 us/call"
