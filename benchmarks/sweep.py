@@ -1,5 +1,5 @@
-"""What the launch-configuration sweeps (``mla_sweep``, ``kv_sweep``) share: their command line and
-the ranking of the timed candidates against the default."""
+"""What the launch-configuration sweeps (``mla_sweep``, ``kv_sweep``, ``moe_sweep``) share: their
+command line and the ranking of the timed candidates against the default."""
 
 from __future__ import annotations
 

@@ -22,9 +22,10 @@
 #   bench      python -m benchmarks.<family>, each its own step (BENCH_LIMIT seconds, default 300),
 #              for the families in BENCH
 #   sweep      the kernels' launch configurations side by side, for the families in SWEEPS (default
-#              dense,kv,mla,gemm; SWEEP_LIMIT seconds each, default 200-300): benchmarks.dense --tune
+#              dense,kv,mla,gemm,moe; SWEEP_LIMIT seconds each, default 200-300): benchmarks.dense --tune
 #              (the one-row kernel among the tuner's picks; DENSE_ROWS, default 1,32), benchmarks.kv_sweep and benchmarks.mla_sweep
-#              (kv.store and decode), benchmarks.gemm --tune (the FP8 GEMM's picks, TMA tiles included)
+#              (kv.store and decode), benchmarks.gemm --tune (the FP8 GEMM's picks, TMA tiles included),
+#              benchmarks.moe_sweep (the fused experts' tiles at prefill sizes)
 #   profile    python -m benchmarks.profile_decode (where a decode step's time goes; the first run on a
 #              fresh machine also makes the benchmark checkpoint), with PROFILE_PLAIN=1 again with the
 #              kernels launched plainly (ENGINE_OPS_PDL=0), then python -m benchmarks.host_overhead
@@ -132,12 +133,13 @@ if want bench; then
     step "bench-$family" "${BENCH_LIMIT:-300}" $PY -m "benchmarks.$family" --out "$OUT/performance.md"
   done
 fi
-SWEEPS=,${SWEEPS:-dense,kv,mla,gemm},
+SWEEPS=,${SWEEPS:-dense,kv,mla,gemm,moe},
 want sweep && [[ $SWEEPS == *,dense,* ]] && step dense-tuned "${SWEEP_LIMIT:-200}" $PY -m benchmarks.dense --tune \
   ${DENSE_ROWS:+--rows "$DENSE_ROWS"} --out "$OUT/performance.md"
 want sweep && [[ $SWEEPS == *,kv,* ]] && step kv-sweep "${SWEEP_LIMIT:-200}" $PY -m benchmarks.kv_sweep
 want sweep && [[ $SWEEPS == *,mla,* ]] && step mla-sweep "${SWEEP_LIMIT:-300}" $PY -m benchmarks.mla_sweep
 want sweep && [[ $SWEEPS == *,gemm,* ]] && step gemm-tuned "${SWEEP_LIMIT:-300}" $PY -m benchmarks.gemm --tune --out "$OUT/performance.md"
+want sweep && [[ $SWEEPS == *,moe,* ]] && step moe-sweep "${SWEEP_LIMIT:-300}" $PY -m benchmarks.moe_sweep
 VLIMIT=${VENDOR_LIMIT:-420}
 want vendor-tests && ENGINE_OPS_TUNE=0 step vendor-tests "$VLIMIT" $PY -m pytest -q -rfEs -m gpu -p no:cacheprovider tests/test_vendor_gpu.py
 for backend in deep_gemm flash_mla; do

@@ -395,7 +395,7 @@ def test_gemm_tuner_rows_rank_the_timed_candidates_against_the_default(monkeypat
     assert rows[2].vs_peer == "-" and rows[2].notes == f"default {missing[0].label()}: failed"
 
 
-@pytest.mark.parametrize("name", ["mla_sweep", "kv_sweep"])
+@pytest.mark.parametrize("name", ["mla_sweep", "kv_sweep", "moe_sweep"])
 def test_a_sweep_needs_a_gpu_and_a_count_of_zero_or_more(name, capsys):
     import importlib
 
@@ -405,6 +405,34 @@ def test_a_sweep_needs_a_gpu_and_a_count_of_zero_or_more(name, capsys):
     with pytest.raises(SystemExit) as info:
         sweep.main(["--top", "-1"])
     assert info.value.code == 2 and "--top: expected 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_the_experts_sweep_times_a_matching_configuration_and_rows_a_wrong_or_failing_one(monkeypatch):
+    """On CPU (Triton interpreted) at a small routing: the GPU's timing and ceiling replaced."""
+    from benchmarks import moe_sweep
+    from bringup_kernels.cases import generator
+    from bringup_kernels.tolerance import tolerance_for
+    from bringup_kernels.triton.experts import Config, launch
+
+    monkeypatch.setattr(harness, "median_ms", lambda fn, graph=False: (fn(), 0.25)[1])
+    monkeypatch.setattr(harness, "bf16_gemm_flops", lambda: 1e12)
+    gen = generator(5)
+    x = torch.randn(8, 128, generator=gen).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(8)])
+    w13 = (torch.randn(4, 128, 128, generator=gen) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(4, 128, 64, generator=gen) * 0.1).to(torch.bfloat16)
+    call = (x, ids, torch.rand(8, 2, generator=gen), w13, w2, None, None, None)
+    config = Config(16, 32, 32, 4, 4, 1)
+    expected = launch(*call, config)
+    tol = tolerance_for(torch.bfloat16, {})
+    ms, row = moe_sweep.candidate_row("T8", call, config, expected, tol, 4e9, 1e6, fp8=False)
+    assert ms == 0.25 and row.time == "0.250 ms" and row.throughput == "16 TFLOP/s" and row.notes == "weights 0.00 TB/s"
+    assert row.of_ceiling == harness.percent(4e9 / 0.25e-3, 1e12, "cuBLAS bf16 1 TFLOP/s")
+    ms, row = moe_sweep.candidate_row("T8", call, config, expected + 1.0, tol, 4e9, 1e6, fp8=False)
+    assert ms == float("inf") and row.notes.startswith("wrong: max |out - default| ")
+    ms, row = moe_sweep.candidate_row("T8", call[:5] + (torch.ones(4, 2, 1), torch.ones(4, 1, 1), None), config,
+                                      expected, tol, 4e9, 1e6, fp8=True)
+    assert ms == float("inf") and row.notes.startswith("failed: ")
 
 
 def test_a_sweep_ranks_the_alternatives_against_the_default_and_counts_the_failures():
