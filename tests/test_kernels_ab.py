@@ -320,7 +320,8 @@ def test_gluon_staged_scales_need_a_producer_partition():
 def test_the_narrow_tail_is_taken_where_it_saves_a_round_and_needs_persistent_programs():
     """The full-width tiles fill whole rounds, the rest go half as wide; nothing changes where the
     tiles fill their rounds already, fill less than one, or the narrow tiles would take as long.
-    Without a program count (or with a K split) it is refused before anything is launched."""
+    Without a producer partition or a program count, or with a K split, it is refused before anything
+    is launched."""
     from bringup_kernels.triton.gemm_gluon import gluon_reason, launch_gluon, narrow_tail_from
 
     assert narrow_tail_from(128, 24576, 128, 128, 132) == 132 * 128  # then 120 tiles of 128 x 64: 1.5 rounds, not 2
@@ -333,10 +334,11 @@ def test_the_narrow_tail_is_taken_where_it_saves_a_round_and_needs_persistent_pr
         pytest.skip(gluon_reason())
     a, b = torch.empty(128, 768, dtype=torch.float8_e4m3fn), torch.empty(128, 768, dtype=torch.float8_e4m3fn)
     out = torch.empty(128, 128, dtype=torch.bfloat16)
-    for programs, split_k, block_n in ((None, 1, 128), (2, 2, 128), (2, 1, 16)):
-        with pytest.raises(ValueError, match=r"narrow tail needs programs, no K split and block_n >= 32"):
-            launch_gluon(a, torch.empty(128, 6), b, torch.empty(1, 6), out, 128, block_n, 4, 8, warp_specialize=True,
-                         programs=programs, split_k=split_k, narrow_tail=True)
+    for producer, programs, split_k, block_n in ((False, 2, 1, 128), (True, None, 1, 128), (True, 2, 2, 128),
+                                                 (True, 2, 1, 16)):
+        with pytest.raises(ValueError, match=r"narrow tail needs a producer partition, programs, no K split and "):
+            launch_gluon(a, torch.empty(128, 6), b, torch.empty(1, 6), out, 128, block_n, 4, 8,
+                         warp_specialize=producer, programs=programs, split_k=split_k, narrow_tail=True)
 
 
 def test_gemm_falls_back_to_pointer_loads_when_the_tma_tiles_fail(monkeypatch, capsys):

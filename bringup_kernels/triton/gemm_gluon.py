@@ -19,7 +19,7 @@ caller sums (for row counts whose tiles alone would leave SMs idle). With ``STAG
 producer also copies each K block's A scales of the tile's rows and its B scale (repeated per
 row) into two small buffers of the block's stage (``cp.async``, tracked by the stage's ``ready``
 barrier), so the consumers read the scales from shared memory instead of waiting on global
-loads in their loop. With ``TAIL`` (one program per SM, no K split) the tiles span the columns
+loads in their loop. With ``TAIL`` (WS, one program per SM, no K split) the tiles span the columns
 up to ``narrow_from`` in whole rounds of the programs, and the columns from there on go in tiles
 half as wide, one more round of them: where the full-width tiles would leave a last round only
 partly filled (128 x 24576 outputs: 192 tiles on 132 SMs), the busiest SM then computes one and a
@@ -436,17 +436,19 @@ def launch_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     holding each share's partial product, stored from registers; the caller sums them.
     ``staged_scales`` (with ``warp_specialize``) has the producer copy each K block's scales into
     its stage beside the tiles, so the consumers read them from shared memory. ``narrow_tail``
-    (with ``programs`` and no K split; ``block_n`` at least 32) serves the columns of a partial
-    last round in tiles half as wide where :func:`narrow_tail_from` finds that it saves a round."""
+    (with ``warp_specialize`` and ``programs``, no K split, ``block_n`` at least 32) serves the
+    columns of a partial last round in tiles half as wide where :func:`narrow_tail_from` finds
+    that it saves a round."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"gemm.fp8_block: the Gluon tiles need Triton's Gluon Hopper API ({_IMPORT_ERROR})")
     if consumers not in (1, 2) or ((consumers == 2 or staged_scales) and not warp_specialize):
         raise ValueError(f"gemm.fp8_block: the Gluon tiles take 1 consumer, or 2 with a producer partition, and "
                          f"stage scales only with one; got consumers={consumers}, staged_scales={staged_scales} "
                          f"(warp_specialize={warp_specialize})")
-    if narrow_tail and (programs is None or split_k != 1 or block_n < 32):
-        raise ValueError(f"gemm.fp8_block: the Gluon tiles' narrow tail needs programs, no K split and block_n >= 32; "
-                         f"got programs={programs}, split_k={split_k}, block_n={block_n}")
+    if narrow_tail and (not warp_specialize or programs is None or split_k != 1 or block_n < 32):
+        raise ValueError(f"gemm.fp8_block: the Gluon tiles' narrow tail needs a producer partition, programs, no K "
+                         f"split and block_n >= 32; got warp_specialize={warp_specialize}, programs={programs}, "
+                         f"split_k={split_k}, block_n={block_n}")
     m, k = a.shape
     n = b.shape[0]
     if split_k < 1 or (k // BLOCK_K) % split_k or (split_k > 1 and (out.shape != (split_k, m, n) or
