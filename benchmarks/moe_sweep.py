@@ -4,8 +4,8 @@
 At the engine benchmark's 1k-token prefill (64 experts, top-6, hidden 2048, moe_inter 704, bf16
 weights: about 96 routed pairs per expert) and DeepSeek-V3's at 4096 tokens (256 experts, top-8,
 7168 x 2048, FP8 128 x 128 weights: about 128 per expert), uniform random routing: the tuner's
-candidates (:func:`bringup_kernels.triton.experts.candidates`, the default first) and the wider
-tiles of :data:`WIDER` (row blocks, gate/up and down tile widths, warps, stages). Each is checked
+candidates (:func:`bringup_kernels.triton.experts.candidates`, the default first) and the other
+tiles of :data:`OTHERS` (row blocks, gate/up and down tile widths, warps, stages). Each is checked
 against the default configuration's output with the op's tolerance and timed (median of
 ``do_bench``, L2 flushed), with TFLOP/s against cuBLAS (bf16 or FP8) and the weights' TB/s. A
 candidate the compiler rejects (registers, shared memory) is a row with the reason.
@@ -23,7 +23,7 @@ from .moe import DSV3, SMALL, make_weights
 
 # (block_m, block_n_up, block_n_down, warps_up, warps_down, stages) beyond the tuner's two, per
 # weight kind; gate/up shared memory is stages x (block_m + 2 block_n_up) x 128 elements.
-WIDER = {
+OTHERS = {
     False: ((128, 128, 128, 8, 8, 2), (64, 64, 128, 4, 4, 3), (64, 64, 64, 4, 4, 4), (128, 32, 128, 4, 8, 4),
             (64, 128, 64, 8, 4, 2), (32, 64, 128, 4, 4, 4)),
     True: ((128, 128, 128, 8, 8, 4), (64, 128, 128, 4, 4, 4), (128, 128, 64, 8, 4, 3), (64, 128, 64, 4, 4, 3)),
@@ -69,7 +69,7 @@ def measure(args) -> list[Row]:
         weights = torch.rand(tokens, k, device="cuda")
         call = (x, ids, weights, w13, w2, s13, s2, None)  # as benchmarks.moe calls the op
         configs = candidates(tokens * k, e, fp8, x.dtype)
-        configs += [c for c in (Config(*w) for w in WIDER[fp8]) if c not in configs]
+        configs += [c for c in (Config(*w) for w in OTHERS[fp8]) if c not in configs]
         expected = launch(*call, configs[0])
         label = f"T{tokens} E{e} top{k} {d}x{i} {'fp8' if fp8 else 'bf16'}"
         flops = 2 * tokens * k * 3 * d * i
