@@ -127,8 +127,8 @@ print(json.dumps([[r.kernel, r.mma, r.pipelined, r.spill_bytes, r.loop.local, r.
 
 def test_the_gluon_decodes_fit_one_program_per_sm_without_spilling_in_their_loops():
     """The Gluon MLA decodes keep their queries, cache rows (two buffers of 64; over an FP8 cache,
-    two of codes per partition) and probabilities in shared memory and a 512-channel fp32
-    accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and
+    one of codes and one widened to fp16 per partition) and probabilities in shared memory and a
+    512-channel fp32 accumulator in registers: compiled for sm_90 at DeepSeek-V3's channels, 64- and
     16-slot pages, with and without splits, each must fit the register file and the 227 KiB of
     shared memory a Hopper program may have, and spill nothing."""
     records = compiled_records(GLUON_DECODE_SCRIPT)
