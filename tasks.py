@@ -57,13 +57,13 @@ def test(c, k="", m="", x=False, jobs="auto"):
 
 
 @task(help=cli.help_for("env"))
-def env(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
+def env(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, recipes=""):
     """env stage: probe versions, apply the image's env recipes, guard torch/triton/NCCL."""
     _stage("env", locals())
 
 
 @task(help=cli.help_for("build"))
-def build(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None):
+def build(c, image="local", matrix="", artifacts="", force=False, keep=False, timeout=None, recipes=""):
     """build stage: build the image's build recipes against its own torch, ABI-check the .so files."""
     _stage("build", locals())
 

@@ -4,6 +4,7 @@ point (:class:`StageRequest`, :func:`run_stages`), with the options declared onc
     python -m bringup env|build|verify|ab|e2e|peer|all [--image NAME] [--matrix PATH] [--artifacts DIR]
                                                   [--force] [--keep] [--timeout SECONDS] [--world-size N]
                                                   [--model DIR] [--prompts FILE] [--answer-key FILE]
+    python -m bringup env|build ... [--recipes NAME,...]   (only those of the image's recipes)
     python -m bringup replay|blame [--image NAME] [--reference IMAGE] [--matrix PATH] [--artifacts DIR] [--force] ...
     python -m bringup image --name NAME [--matrix PATH] [--force]
 
@@ -29,6 +30,7 @@ from bringup.paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
 
 STAGE_COMMANDS = (*STAGES, "all")
 E2E_COMMANDS = ("e2e", "all")
+RECIPE_COMMANDS = ("env", "build")
 REFERENCE_COMMANDS = ("replay", "blame")
 INTERRUPTED_EXIT = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -58,6 +60,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"expected comma-separated recipe names, got {text!r}")
+    return names
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of the stage commands, declared once for ``python -m bringup`` and the invoke
@@ -81,6 +90,8 @@ OPTIONS = (
     Option("force", "rerun even when the inputs are unchanged", None),
     Option("keep", "docker images: keep the stage's container for debugging", None),
     Option("timeout", "seconds per stage, > 0 (default: the matrix's settings.timeouts)", _seconds),
+    Option("recipes", "only these of the image's recipes, comma-separated (default: all of them)", _names,
+           RECIPE_COMMANDS),
     Option("world_size", "e2e ranks (default: the matrix's, else one per GPU or 8 gloo ranks on CPU)", _count, E2E_COMMANDS),
     Option("model", "e2e checkpoint folder (default: the matrix's, else the bundled tiny checkpoint)", str, E2E_COMMANDS),
     Option("prompts", "e2e prompt file: .json, .jsonl or one prompt per line (default: the matrix's, else the answer key's)",
@@ -112,6 +123,7 @@ class StageRequest:
     force: bool = False
     keep: bool = False
     timeout: float | None = None
+    recipes: tuple[str, ...] = ()
     world_size: int | None = None
     model: str | None = None
     prompts: str | None = None
@@ -197,6 +209,8 @@ def run_stages(request: StageRequest) -> int:
     from bringup.host.pipeline import Interrupted, Options, Pipeline
 
     matrix = load_matrix(request.matrix)
+    if request.recipes:
+        matrix = matrix.with_recipes(request.image, list(request.recipes))
     if matrix.image(request.image).peer is None and request.command == "peer":
         raise ConfigError(f"{matrix.path}: images.{request.image}.peer: not set; the peer stage runs the image's peer engine "
                           "(peer: {engine: vllm})")

@@ -9,6 +9,8 @@
 # manylinux_2_18_x86_64.whl, or only NCCL 2.31.2's headers in vendor/nccl-2.31.2/include (taken
 # when present; NCCL_SDK_DIR names another folder holding include/ and maybe lib/).
 #
+# RECIPES (comma-separated, e.g. env-cccl,deep-gemm) builds only those of the image's recipes.
+#
 # Prints each target's build time and smoke result (from build.json) and writes OUT_DIR/vendor.env,
 # the exports of build.json as shell lines: `. OUT_DIR/vendor.env` gives later steps (kernels A/B,
 # benchmarks) the built extensions on PYTHONPATH; `invoke e2e --image local-vendor` gets them itself.
@@ -16,6 +18,8 @@
 set -u
 OUT=${1:-artifacts/gpu-vendor}
 IMAGE=${IMAGE:-local-vendor}
+ONLY=()
+[ -n "${RECIPES:-}" ] && ONLY=(--recipes "$RECIPES")
 ARTIFACTS=${ARTIFACTS:-artifacts}
 PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -29,8 +33,8 @@ fi
   $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
   echo "NCCL_SDK_DIR=${NCCL_SDK_DIR:-} BRINGUP_VENDOR_DIR=${BRINGUP_VENDOR_DIR:-}"; ls /sys/class/infiniband 2>&1; } | tee "$OUT/host.txt"
 
-$PY -m bringup env --image "$IMAGE" --artifacts "$ARTIFACTS" 2>&1 | tee "$OUT/env.log"
-$PY -m bringup build --image "$IMAGE" --artifacts "$ARTIFACTS" 2>&1 | tee "$OUT/build.log"
+$PY -m bringup env --image "$IMAGE" --artifacts "$ARTIFACTS" "${ONLY[@]}" 2>&1 | tee "$OUT/env.log"
+$PY -m bringup build --image "$IMAGE" --artifacts "$ARTIFACTS" "${ONLY[@]}" 2>&1 | tee "$OUT/build.log"
 code=${PIPESTATUS[0]}
 cp "$ARTIFACTS/$IMAGE/build.json" "$OUT/" 2>/dev/null
 cp "$ARTIFACTS/$IMAGE"/logs/build-*.log "$OUT/" 2>/dev/null

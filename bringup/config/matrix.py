@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,17 @@ class Matrix:
         if name not in self.images:
             raise ConfigError(f"{shown(self.path)}: images.{name}: no such image (images: {', '.join(self.images)})")
         return self.images[name]
+
+    def with_recipes(self, name: str, chosen: list[str]) -> "Matrix":
+        """This matrix with image ``name`` limited to the ``chosen`` ones of its recipes (kept in
+        the image's order); ConfigError naming any it does not list."""
+        image = self.image(name)
+        unknown = [r for r in chosen if r not in image.recipes]
+        if unknown:
+            raise ConfigError(f"{shown(self.path)}: images.{name}.recipes: expected some of "
+                              f"{', '.join(image.recipes) or 'none'}, got {', '.join(unknown)}")
+        limited = replace(image, recipes=[r for r in image.recipes if r in chosen])
+        return replace(self, images={**self.images, name: limited})
 
 
 def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
