@@ -12,10 +12,7 @@ accumulate FP8 products with fewer bits than fp32 (on an H200, 2.2e-3 of the lar
 against the fp32 reference at 8192 tokens x 576 channels, the size of a bf16 rounding; this
 kernel's earlier fp16 dots 7e-5 on the same inputs). The values are widened to fp16 (exact) for
 out^T [512, 16] += codes^T @ p^T, a block's probabilities taken relative to its largest row
-scale, which becomes the accumulator's unit (found in the same reduction across warps as the
-scores' maxima). The widened codes are four tiles of 128 channels (64-channel chunk c in tile
-c % 4), each its own MMA and accumulator: the compiler puts a barrier between two stores into one
-shared buffer, so the eight chunk stores cost the partition one barrier instead of seven.
+scale, which becomes the accumulator's unit.
 
 One program per 16 heads, split and sequence, of two warp-group partitions that share the
 query's tiles and take every other 64-row block of the split's range, each with its own code
@@ -52,15 +49,12 @@ if attn_gluon.gluon_reason() is None:
 HEADS = 16  # per program: the warpgroup MMA's N
 BLOCK_N = attn_gluon.BLOCK_N  # cache rows per block: the MMA's M
 PARTS = 2  # partials per program: one per warp-group partition
-TILES = 4  # fp16 tiles of the widened codes per partition (one value MMA each)
 _WORKER_REGISTERS = 232  # the second partition's registers (setmaxnreg); the first keeps the rest
 
 if attn_gluon.gluon_reason() is None:
     _HEADS, _BLOCK_N, _PARTS = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(PARTS)
     _RANK, _ROPE = gl.constexpr(attn_gluon.RANK), gl.constexpr(attn_gluon.ROPE)
     _WIDEN = gl.constexpr(64)  # channels widened to fp16 at a time
-    _TILES = gl.constexpr(TILES)
-    _TILE = gl.constexpr(attn_gluon.RANK // TILES)  # channels per fp16 tile
 
     @gluon.constexpr_function
     def _widen_layout(cols):
@@ -105,26 +99,10 @@ if attn_gluon.gluon_reason() is None:
         return ((127 - 7 + exp) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _tile(t0, t1, t2, t3, T: gl.constexpr):
-        """Fp16 tile T of the four."""
-        if T == 0:
-            return t0
-        elif T == 1:
-            return t1
-        elif T == 2:
-            return t2
-        else:
-            return t3
-
-    @gluon.jit
-    def _max_pair(a, b, c, d):
-        return gl.maximum(a, c), gl.maximum(b, d)
-
-    @gluon.jit
-    def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, t0, t1, t2, t3, mma32: gl.constexpr, mma: gl.constexpr,
+    def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, kv16, mma32: gl.constexpr, mma: gl.constexpr,
                 widen_layout: gl.constexpr):
         """A block's scores [64 rows, 16 heads] (the codes' dots with the query, before the row
-        scales), its latent codes widened into the tiles ``t0``-``t3`` while the FP8 MMAs run."""
+        scales), its latent codes widened into ``kv16`` while the FP8 MMAs run."""
         s2 = gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32)
         s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), s2, use_acc=False, is_async=True)
         s2 = warpgroup_mma(pe_codes, qpe8_smem.permute((1, 0)), s2, is_async=True)
@@ -132,8 +110,7 @@ if attn_gluon.gluon_reason() is None:
         for c in gl.static_range(_RANK // _WIDEN):  # each chunk's loads issued before the last chunk's stores
             if c + 1 < _RANK // _WIDEN:
                 later = kv_codes.slice((c + 1) * _WIDEN, _WIDEN, dim=1).load(widen_layout)
-            tile = _tile(t0, t1, t2, t3, c % _TILES)
-            tile.slice((c // _TILES) * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
+            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
             if c + 1 < _RANK // _WIDEN:
                 codes = later
         s2 = warpgroup_mma_wait(num_outstanding=0, deps=(s2,))
@@ -141,7 +118,7 @@ if attn_gluon.gluon_reason() is None:
         return gl.convert_layout(lead + rest, mma)
 
     @gluon.jit
-    def _partition(q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0, t1, t2, t3, p_smem, cache_ptr, scale_ptr,
+    def _partition(q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16, p_smem, cache_ptr, scale_ptr,
                    tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb,
                    PAGE: gl.constexpr, SPLITS: gl.constexpr, PART: gl.constexpr, mma: gl.constexpr,
                    mma32: gl.constexpr, kv_layout: gl.constexpr, pe_layout: gl.constexpr,
@@ -171,10 +148,7 @@ if attn_gluon.gluon_reason() is None:
         scale_pages = block_pages(table_row, first + STRIDE, end, PAGE, rows)
         head_qk = head_qk_smem.load(heads_of)
 
-        acc0 = gl.zeros([_TILE, _HEADS], gl.float32, layout=mma)  # one per fp16 tile
-        acc1 = gl.zeros([_TILE, _HEADS], gl.float32, layout=mma)
-        acc2 = gl.zeros([_TILE, _HEADS], gl.float32, layout=mma)
-        acc3 = gl.zeros([_TILE, _HEADS], gl.float32, layout=mma)
+        acc = gl.zeros([_RANK, _HEADS], gl.float32, layout=mma)
         m_i = gl.full([_HEADS], float("-inf"), gl.float32, layout=heads_of)
         l_i = gl.zeros([_HEADS], gl.float32, layout=heads_of)
         unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of)
@@ -182,7 +156,7 @@ if attn_gluon.gluon_reason() is None:
             async_copy.wait_group(0)
             fence_async_shared()  # this thread's copies, then every thread's, are visible to the MMAs
             gl.thread_barrier()  # (and the last block's products are done)
-            s = _scores(kv_codes.index(PART), pe_codes.index(PART), q8_smem, qpe8_smem, t0, t1, t2, t3, mma32, mma,
+            s = _scores(kv_codes.index(PART), pe_codes.index(PART), q8_smem, qpe8_smem, kv16, mma32, mma,
                         widen_layout)
             gl.thread_barrier()  # the codes are read: the buffer takes the next block
             later = n + STRIDE
@@ -195,23 +169,19 @@ if attn_gluon.gluon_reason() is None:
             scale_pages = block_pages(table_row, later + STRIDE, end, PAGE, rows)
             visible = (n + gl.arange(0, _BLOCK_N, layout=rows)) < end
             s = gl.where(visible[:, None], s * row_scale[:, None] * head_qk[None, :], float("-inf"))
-            block_max, units = gl.reduce((s, gl.broadcast(row_scale[:, None], s)[0]), 0, _max_pair)
-            block_unit = gl.max(units, axis=0)  # > 0: a block has a visible row, and scales are positive
-            m_new = gl.maximum(m_i, block_max)
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(s - m_new[None, :])
             l_i = l_i * alpha + gl.sum(p, axis=0)
             m_i = m_new
+            block_unit = gl.max(row_scale, axis=0)  # > 0: a block has a visible row, and scales are positive
             p_smem.store((p * (row_scale / block_unit)[:, None]).to(gl.float16))
-            rescale = (alpha * (unit / block_unit))[None, :]
+            acc = acc * (alpha * (unit / block_unit))[None, :]
             unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of) * block_unit
             fence_async_shared()
             gl.thread_barrier()
-            acc0 = warpgroup_mma(t0.permute((1, 0)), p_smem, acc0 * rescale, is_async=True)
-            acc1 = warpgroup_mma(t1.permute((1, 0)), p_smem, acc1 * rescale, is_async=True)
-            acc2 = warpgroup_mma(t2.permute((1, 0)), p_smem, acc2 * rescale, is_async=True)
-            acc3 = warpgroup_mma(t3.permute((1, 0)), p_smem, acc3 * rescale, is_async=True)
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+            acc = warpgroup_mma(kv16.permute((1, 0)), p_smem, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             row_scale = next_scale
 
         # No block (an empty range, or a context of 0) leaves l = 0: output 0 and log-sum-exp -inf.
@@ -220,14 +190,9 @@ if attn_gluon.gluon_reason() is None:
         part = (seq.to(gl.int64) * n_heads + heads) * SPLITS + _PARTS * split + PART
         lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         gl.store(part_lse_ptr + part, lse, mask=h_ok)
-        norm = (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
-        out = part_o_ptr + part[None, :] * _RANK
-        i = gl.arange(0, _TILE, layout=rows)
-        cols = (i // _WIDEN) * (_TILES * _WIDEN) + i % _WIDEN  # tile 0's channels; tile T's are T * 64 further
-        gl.store(out + cols[:, None], acc0 * norm, mask=h_ok[None, :])
-        gl.store(out + (cols + _WIDEN)[:, None], acc1 * norm, mask=h_ok[None, :])
-        gl.store(out + (cols + 2 * _WIDEN)[:, None], acc2 * norm, mask=h_ok[None, :])
-        gl.store(out + (cols + 3 * _WIDEN)[:, None], acc3 * norm, mask=h_ok[None, :])
+        out = acc * (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
+        cols = gl.arange(0, _RANK, layout=rows)
+        gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
 
     @direct
     @gluon.jit
@@ -252,10 +217,7 @@ if attn_gluon.gluon_reason() is None:
         head_qk_smem = gl.allocate_shared_memory(gl.float32, [_HEADS], flat)
         kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _RANK], codes)
         pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _ROPE], pe_codes_layout)
-        t0 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _TILE], swizzled)
-        t1 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _TILE], swizzled)
-        t2 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _TILE], swizzled)
-        t3 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _TILE], swizzled)
+        kv16 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _RANK], swizzled)
         p_smem = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _HEADS], p_layout)
         q_down = _query_fp8(q8_smem, qpe8_smem, q_ptr, gl.program_id(2), stride_qb, stride_qh,
                             gl.program_id(0) * _HEADS, n_heads, q_layout)
@@ -263,20 +225,21 @@ if attn_gluon.gluon_reason() is None:
         fence_async_shared()
         gl.thread_barrier()  # the query's tiles and head scales are in place for both partitions
         widen_layout: gl.constexpr = _widen_layout(_WIDEN)
-        # The widening reads the codes and writes the fp16 tiles free of bank conflicts (checked as it compiles).
-        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [_BLOCK_N, _RANK], _widen_layout(_RANK)),
+        # The widening reads the codes and writes the fp16 tile free of bank conflicts (checked as it compiles).
+        widened: gl.constexpr = _widen_layout(_RANK)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [_BLOCK_N, _RANK], widened),
                                            kv_codes.index(0).type) == 0)
-        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float16, [_BLOCK_N, _TILE], _widen_layout(_TILE)),
-                                           t0.index(0).type) == 0)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float16, [_BLOCK_N, _RANK], widened),
+                                           kv16.index(0).type) == 0)
         gl.warp_specialize([
-            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0.index(0), t1.index(0),
-                          t2.index(0), t3.index(0), p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr,
-                          part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0,
-                          mma, mma32, kv_layout, pe_layout, widen_layout)),
-            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0.index(1), t1.index(1),
-                          t2.index(1), t3.index(1), p_smem.index(1), cache_ptr, scale_ptr, tables_ptr, lens_ptr,
-                          part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1,
-                          mma, mma32, kv_layout, pe_layout, widen_layout)),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
+                          p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(1),
+                          p_smem.index(1), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
         ], [4], [WORKER_REGISTERS])
 
 
