@@ -33,8 +33,8 @@ fi
   $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
   echo "NCCL_SDK_DIR=${NCCL_SDK_DIR:-} BRINGUP_VENDOR_DIR=${BRINGUP_VENDOR_DIR:-}"; ls /sys/class/infiniband 2>&1; } | tee "$OUT/host.txt"
 
-$PY -m bringup env --image "$IMAGE" --artifacts "$ARTIFACTS" "${ONLY[@]}" 2>&1 | tee "$OUT/env.log"
-$PY -m bringup build --image "$IMAGE" --artifacts "$ARTIFACTS" "${ONLY[@]}" 2>&1 | tee "$OUT/build.log"
+$PY -m bringup env --image "$IMAGE" --artifacts "$ARTIFACTS" ${ONLY[@]+"${ONLY[@]}"} 2>&1 | tee "$OUT/env.log"
+$PY -m bringup build --image "$IMAGE" --artifacts "$ARTIFACTS" ${ONLY[@]+"${ONLY[@]}"} 2>&1 | tee "$OUT/build.log"
 code=${PIPESTATUS[0]}
 cp "$ARTIFACTS/$IMAGE/build.json" "$OUT/" 2>/dev/null
 cp "$ARTIFACTS/$IMAGE"/logs/build-*.log "$OUT/" 2>/dev/null
