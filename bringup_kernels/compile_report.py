@@ -2,10 +2,10 @@
 thread, spilled bytes, shared memory, whether the loads are pipelined (``cp.async`` or TMA) and
 which MMA the dots use, and what one iteration of the kernel's main loop costs a thread: its
 machine instructions, those that run on the quarter-rate unit (conversions ``F2F``/``I2F``/``F2I``
-and ``MUFU`` functions), its local-memory (spill) accesses, and the tile loads in the loop that
-the compiler did not pipeline (each waits for memory in its own iteration); and a digest of the
-machine code, so that two reports (before and after a change) show which launches compile to
-other instructions and which to the very same.
+and ``MUFU`` functions), its local-memory (spill) accesses, the tile loads in the loop that
+the compiler did not pipeline (each waits for memory in its own iteration) and its barriers;
+and a digest of the machine code, so that two reports (before and after a change) show which
+launches compile to other instructions and which to the very same.
 ``python -m bringup_kernels.compile_report [--ops GLOBS] [--full] [--arch 90]``.
 
 Each op's A/B cases (quick shapes, or DeepSeek-V3's with ``--full``) run their Triton wrapper on
@@ -59,12 +59,14 @@ class Compiled:
 @dataclass(frozen=True)
 class LoopCost:
     """One iteration of a kernel's largest loop, per thread: SASS instructions, quarter-rate ones,
-    local-memory loads and stores, and tile loads not pipelined (from the TTGIR)."""
+    local-memory loads and stores, tile loads not pipelined (from the TTGIR), and barriers
+    (``BAR``: every thread of the CTA, or of a warp-specialized partition, waits at each)."""
 
     instructions: int
     quarter_rate: int
     local: int
     unpipelined_loads: int
+    barriers: int = 0
 
 
 def _cuobjdump(cubin: bytes, tools: Path, flag: str) -> str:
@@ -114,7 +116,8 @@ def loop_cost(sass: str, ttgir: str) -> LoopCost | None:
     _, start, end = max(spans)
     body = [opcode for address, _, opcode, _ in code if start <= address <= end]
     return LoopCost(len(body), sum(bool(_QUARTER_RATE.match(op)) for op in body),
-                    sum(op.startswith(("LDL", "STL")) for op in body), _unpipelined_loads(ttgir))
+                    sum(op.startswith(("LDL", "STL")) for op in body), _unpipelined_loads(ttgir),
+                    sum(op.split(".")[0] == "BAR" for op in body))
 
 
 def _unpipelined_loads(ttgir: str) -> int:
@@ -260,11 +263,11 @@ def main(argv: list[str] | None = None) -> int:
 
     table = Table(title=f"Triton kernels compiled for sm_{args.arch} ({'full' if args.full else 'quick'} cases)")
     for col in ("op", "case", "kernel", "registers", "spilled bytes", "shared bytes", "loads", "dots",
-                "loop: instructions", "quarter-rate", "local", "unpipelined loads", "code", "error"):
+                "loop: instructions", "quarter-rate", "local", "unpipelined loads", "barriers", "code", "error"):
         table.add_column(col, overflow="fold")
     for r in records:
-        loop = [str(v) for v in (r.loop.instructions, r.loop.quarter_rate, r.loop.local, r.loop.unpipelined_loads)] \
-            if r.loop else ["-"] * 4
+        loop = [str(v) for v in (r.loop.instructions, r.loop.quarter_rate, r.loop.local, r.loop.unpipelined_loads,
+                                 r.loop.barriers)] if r.loop else ["-"] * 5
         table.add_row(r.op, r.case, r.kernel, str(r.registers), str(r.spill_bytes), str(r.shared_bytes), r.pipelined, r.mma,
                       *loop, r.code, r.error)
     Console(width=240).print(table)

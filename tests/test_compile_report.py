@@ -37,10 +37,10 @@ def test_an_ops_kernels_compile_for_sm90_and_say_what_they_became():
     for row in rows:
         registers, spilled = int(cells(row)[3]), int(cells(row)[4])
         assert 0 < registers <= 255 and spilled == 0, row
-    codes = {cells(r)[1]: cells(r)[12] for r in rows if "_rmsnorm_kernel" in r}
+    codes = {cells(r)[1]: cells(r)[13] for r in rows if "_rmsnorm_kernel" in r}
     assert all(re.fullmatch(r"[0-9a-f]{10}", c) for c in codes.values()) and len(set(codes.values())) > 1
     again = report("--ops", "norm.rmsnorm")  # the same kernels compile to the same machine code
-    assert codes == {cells(r)[1]: cells(r)[12] for r in again.stdout.splitlines() if "_rmsnorm_kernel" in r}
+    assert codes == {cells(r)[1]: cells(r)[13] for r in again.stdout.splitlines() if "_rmsnorm_kernel" in r}
     dense_bf16 = next(r for r in rows if "2x4h48x160-bfloat16-bfloat16-bfloat16" in r)
     assert "mma.sync" in dense_bf16  # more rows: tensor-core dots (one K step: nothing to pipeline)
     one_row = next(r for r in rows if "1x200x640-bfloat16-bfloat16-bfloat16" in r)
@@ -217,6 +217,9 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
         /*0030*/                   MUFU.EX2 R5, R4 ;
         /*0040*/                   STL [R1], R5 ;
         /*0050*/                   LDL R6, [R1] ;
+        /*0054*/                   MEMBAR.ALL.CTA ;
+        /*0058*/                   BAR.SYNC.DEFER_BLOCKING 0x2, 0x80 ;
+        /*005c*/                   DEPBAR.LE SB0, 0x0 ;
         /*0060*/               @P0 BRA 0x30 ;
         /*0070*/                   I2F R7, R6 ;
         /*0080*/               @P1 BRA 0x10 ;
@@ -241,9 +244,9 @@ def test_loop_cost_reads_the_largest_loop_of_the_machine_code():
     """
     # 0x10..0x80 (the branch back from the out-of-line wait after the EXIT is no loop): F2F, MUFU
     # and I2F, not the F2FP pack; one 2-D load in the loop (after an if/else inside it), none
-    # before it
+    # before it; one partition barrier (no BRA, DEPBAR or MEMBAR counted with it)
     cost = loop_cost(sass, ttgir)
-    assert (cost.instructions, cost.quarter_rate, cost.local, cost.unpipelined_loads) == (8, 3, 2, 1)
+    assert (cost.instructions, cost.quarter_rate, cost.local, cost.unpipelined_loads, cost.barriers) == (11, 3, 2, 1, 1)
     assert loop_cost("        /*0000*/                   EXIT ;", "") is None
 
 
