@@ -27,6 +27,7 @@ from bringup.artifacts import STAGES
 from bringup.errors import ConfigError
 from bringup.host.locks import StageBusy
 from bringup.paths import DEFAULT_ARTIFACTS, DEFAULT_MATRIX
+from common.name_lists import comma_separated_names
 
 STAGE_COMMANDS = (*STAGES, "all")
 E2E_COMMANDS = ("e2e", "all")
@@ -61,7 +62,7 @@ def _count(text: str) -> int:
 
 
 def _names(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    names = comma_separated_names(text)
     if not names:
         raise ValueError(f"expected comma-separated recipe names, got {text!r}")
     return names
@@ -210,7 +211,7 @@ def run_stages(request: StageRequest) -> int:
 
     matrix = load_matrix(request.matrix)
     if request.recipes:
-        matrix = matrix.with_recipes(request.image, list(request.recipes))
+        matrix = matrix.with_recipes(request.image, request.recipes)
     if matrix.image(request.image).peer is None and request.command == "peer":
         raise ConfigError(f"{matrix.path}: images.{request.image}.peer: not set; the peer stage runs the image's peer engine "
                           "(peer: {engine: vllm})")

@@ -66,7 +66,7 @@ class LoopCost:
     quarter_rate: int
     local: int
     unpipelined_loads: int
-    barriers: int = 0
+    barriers: int
 
 
 def _cuobjdump(cubin: bytes, tools: Path, flag: str) -> str:

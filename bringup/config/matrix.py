@@ -162,7 +162,7 @@ class Matrix:
             raise ConfigError(f"{shown(self.path)}: images.{name}: no such image (images: {', '.join(self.images)})")
         return self.images[name]
 
-    def with_recipes(self, name: str, chosen: list[str]) -> "Matrix":
+    def with_recipes(self, name: str, chosen: tuple[str, ...]) -> "Matrix":
         """This matrix with image ``name`` limited to the ``chosen`` ones of its recipes (kept in
         the image's order); ConfigError naming any it does not list."""
         image = self.image(name)

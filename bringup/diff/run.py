@@ -16,6 +16,7 @@ from bringup.diff.blame import needs_blame
 from bringup.diff.collect import DiffResult, collect
 from bringup.diff.report import write
 from bringup.diff.tokens import IDENTICAL, NEAR_TIE, REAL
+from common.name_lists import comma_separated_names
 
 REPORT_FOLDER = "diff"
 
@@ -30,7 +31,7 @@ def command(matrix: str, artifacts: str, images: str = "", reference: str = "", 
 
     try:
         m = load_matrix(matrix)
-        names = [n.strip() for n in images.split(",") if n.strip()]
+        names = list(comma_separated_names(images))
         for name in [*names, *([reference] if reference else [])]:
             m.image(name)
     except ConfigError as exc:

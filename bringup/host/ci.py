@@ -18,6 +18,7 @@ from typing import Any
 from bringup.config.matrix import Matrix
 from bringup.errors import ConfigError
 from bringup.paths import shown
+from common.name_lists import comma_separated_names
 
 LABEL_PREFIX = "bringup-"
 
@@ -62,7 +63,7 @@ def command(matrix: str, images: str = "", as_json: bool = False) -> int:
 
     try:
         m = load_matrix(matrix)
-        ci = ci_matrix(m, [n.strip() for n in images.split(",") if n.strip()] or None)
+        ci = ci_matrix(m, list(comma_separated_names(images)) or None)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
