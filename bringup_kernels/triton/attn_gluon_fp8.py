@@ -49,16 +49,12 @@ if attn_gluon.gluon_reason() is None:
 HEADS = 16  # per program: the warpgroup MMA's N
 BLOCK_N = attn_gluon.BLOCK_N  # cache rows per block: the MMA's M
 PARTS = 2  # partials per program: one per warp-group partition
-BUFFERS = 2  # code buffers per partition: a block's codes are copied two blocks ahead
-TILES = 3  # fp16 tiles of 64 widened channels per partition, each one value MMA's operand at a time
 _WORKER_REGISTERS = 232  # the second partition's registers (setmaxnreg); the first keeps the rest
 
 if attn_gluon.gluon_reason() is None:
     _HEADS, _BLOCK_N, _PARTS = gl.constexpr(HEADS), gl.constexpr(BLOCK_N), gl.constexpr(PARTS)
     _RANK, _ROPE = gl.constexpr(attn_gluon.RANK), gl.constexpr(attn_gluon.ROPE)
-    _WIDEN = gl.constexpr(64)  # channels widened to fp16 at a time: one tile, one value MMA
-    _CHUNKS = gl.constexpr(attn_gluon.RANK // 64)
-    _BUFFERS, _TILES = gl.constexpr(BUFFERS), gl.constexpr(TILES)
+    _WIDEN = gl.constexpr(64)  # channels widened to fp16 at a time
 
     @gluon.constexpr_function
     def _widen_layout(cols):
@@ -103,49 +99,33 @@ if attn_gluon.gluon_reason() is None:
         return ((127 - 7 + exp) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _tile(t0, t1, t2, T: gl.constexpr):
-        """Fp16 tile T of the partition's three."""
-        if T == 0:
-            return t0
-        elif T == 1:
-            return t1
-        else:
-            return t2
-
-    @gluon.jit
-    def _chunk(kv_codes, c: gl.constexpr, widen_layout: gl.constexpr):
-        """Channels ``64 c`` to ``64 c + 63`` of a block's codes, loaded to registers."""
-        return kv_codes.slice(c * _WIDEN, _WIDEN, dim=1).load(widen_layout)
-
-    @gluon.jit
-    def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, t0, t1, t2, mma32: gl.constexpr, mma: gl.constexpr,
+    def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, kv16, mma32: gl.constexpr, mma: gl.constexpr,
                 widen_layout: gl.constexpr):
         """A block's scores [64 rows, 16 heads] (the codes' dots with the query, before the row
-        scales), its first TILES chunks of 64 latent channels widened into the tiles while the FP8
-        MMAs run."""
+        scales), its latent codes widened into ``kv16`` while the FP8 MMAs run."""
         s2 = gl.zeros([_BLOCK_N, 2 * _HEADS], gl.float32, layout=mma32)
         s2 = warpgroup_mma(kv_codes, q8_smem.permute((1, 0)), s2, use_acc=False, is_async=True)
         s2 = warpgroup_mma(pe_codes, qpe8_smem.permute((1, 0)), s2, is_async=True)
-        codes = _chunk(kv_codes, 0, widen_layout)
-        for c in gl.static_range(_TILES):  # each chunk's loads issued before the last chunk's stores
-            if c + 1 < _TILES:
-                later = _chunk(kv_codes, c + 1, widen_layout)
-            _tile(t0, t1, t2, c).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
-            if c + 1 < _TILES:
+        codes = kv_codes.slice(0, _WIDEN, dim=1).load(widen_layout)
+        for c in gl.static_range(_RANK // _WIDEN):  # each chunk's loads issued before the last chunk's stores
+            if c + 1 < _RANK // _WIDEN:
+                later = kv_codes.slice((c + 1) * _WIDEN, _WIDEN, dim=1).load(widen_layout)
+            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
+            if c + 1 < _RANK // _WIDEN:
                 codes = later
         s2 = warpgroup_mma_wait(num_outstanding=0, deps=(s2,))
         lead, rest = s2.reshape(_BLOCK_N, 2, _HEADS).permute(0, 2, 1).split()
         return gl.convert_layout(lead + rest, mma)
 
     @gluon.jit
-    def _partition(q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0, t1, t2, p_smem, cache_ptr,
-                   scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot,
-                   stride_tb, PAGE: gl.constexpr, SPLITS: gl.constexpr, PART: gl.constexpr, mma: gl.constexpr,
+    def _partition(q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16, p_smem, cache_ptr, scale_ptr,
+                   tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb,
+                   PAGE: gl.constexpr, SPLITS: gl.constexpr, PART: gl.constexpr, mma: gl.constexpr,
                    mma32: gl.constexpr, kv_layout: gl.constexpr, pe_layout: gl.constexpr,
                    widen_layout: gl.constexpr):
         """Partition PART's blocks of this program's range (the PART-th of every pair; their codes
-        in ``kv_codes`` and ``pe_codes`` at ``BUFFERS * PART`` and after, in turn), its normalized
-        output and log2-sum-exp into partial ``PARTS * split + PART`` of SPLITS."""
+        in ``kv_codes[PART]`` and ``pe_codes[PART]``), its normalized output and log2-sum-exp into
+        partial ``PARTS * split + PART`` of SPLITS."""
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         heads_of: gl.constexpr = gl.SliceLayout(0, mma)
         kv_rows: gl.constexpr = gl.SliceLayout(1, kv_layout)
@@ -158,36 +138,35 @@ if attn_gluon.gluon_reason() is None:
         first = split * per_split + PART * _BLOCK_N
         end = gl.minimum(split * per_split + per_split, ctx)
         table_row = tables_ptr + seq.to(gl.int64) * stride_tb
-        for b in gl.static_range(_BUFFERS):  # the first blocks' copies, one commit group each
-            ahead = first + b * STRIDE
-            if ahead < end:
-                copy_block(kv_codes, pe_codes, cache_ptr, block_pages(table_row, ahead, end, PAGE, kv_rows),
-                           block_pages(table_row, ahead, end, PAGE, pe_rows), ahead, end, _BUFFERS * PART + b,
-                           stride_page, stride_slot, PAGE, kv_layout, pe_layout)
+        if first < end:
+            copy_block(kv_codes, pe_codes, cache_ptr, block_pages(table_row, first, end, PAGE, kv_rows),
+                       block_pages(table_row, first, end, PAGE, pe_rows), first, end, PART, stride_page, stride_slot,
+                       PAGE, kv_layout, pe_layout)
         row_scale = _row_scales(scale_ptr, block_pages(table_row, first, end, PAGE, rows), first, end, PAGE, rows)
-        kv_pages = block_pages(table_row, first + _BUFFERS * STRIDE, end, PAGE, kv_rows)
-        pe_pages = block_pages(table_row, first + _BUFFERS * STRIDE, end, PAGE, pe_rows)
+        kv_pages = block_pages(table_row, first + STRIDE, end, PAGE, kv_rows)
+        pe_pages = block_pages(table_row, first + STRIDE, end, PAGE, pe_rows)
         scale_pages = block_pages(table_row, first + STRIDE, end, PAGE, rows)
         head_qk = head_qk_smem.load(heads_of)
 
-        accs = ()  # out^T, 64 channels each
-        for c in gl.static_range(_CHUNKS):
-            accs = accs + (gl.zeros([_WIDEN, _HEADS], gl.float32, layout=mma),)
+        acc = gl.zeros([_RANK, _HEADS], gl.float32, layout=mma)
         m_i = gl.full([_HEADS], float("-inf"), gl.float32, layout=heads_of)
         l_i = gl.zeros([_HEADS], gl.float32, layout=heads_of)
         unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of)
         for n in range(first, end, STRIDE):
-            buf = _BUFFERS * PART + ((n - first) // STRIDE) % _BUFFERS
-            if n + STRIDE < end:  # the next block's copies may still run
-                async_copy.wait_group(_BUFFERS - 1)
-            else:
-                async_copy.wait_group(0)
+            async_copy.wait_group(0)
             fence_async_shared()  # this thread's copies, then every thread's, are visible to the MMAs
-            gl.thread_barrier()
-            kv = kv_codes.index(buf)
-            s = _scores(kv, pe_codes.index(buf), q8_smem, qpe8_smem, t0, t1, t2, mma32, mma, widen_layout)
-            next_scale = _row_scales(scale_ptr, scale_pages, n + STRIDE, end, PAGE, rows)
-            scale_pages = block_pages(table_row, n + 2 * STRIDE, end, PAGE, rows)
+            gl.thread_barrier()  # (and the last block's products are done)
+            s = _scores(kv_codes.index(PART), pe_codes.index(PART), q8_smem, qpe8_smem, kv16, mma32, mma,
+                        widen_layout)
+            gl.thread_barrier()  # the codes are read: the buffer takes the next block
+            later = n + STRIDE
+            if later < end:
+                copy_block(kv_codes, pe_codes, cache_ptr, kv_pages, pe_pages, later, end, PART, stride_page,
+                           stride_slot, PAGE, kv_layout, pe_layout)
+            next_scale = _row_scales(scale_ptr, scale_pages, later, end, PAGE, rows)
+            kv_pages = block_pages(table_row, later + STRIDE, end, PAGE, kv_rows)  # for the next block's copies
+            pe_pages = block_pages(table_row, later + STRIDE, end, PAGE, pe_rows)
+            scale_pages = block_pages(table_row, later + STRIDE, end, PAGE, rows)
             visible = (n + gl.arange(0, _BLOCK_N, layout=rows)) < end
             s = gl.where(visible[:, None], s * row_scale[:, None] * head_qk[None, :], float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=0))
@@ -197,28 +176,12 @@ if attn_gluon.gluon_reason() is None:
             m_i = m_new
             block_unit = gl.max(row_scale, axis=0)  # > 0: a block has a visible row, and scales are positive
             p_smem.store((p * (row_scale / block_unit)[:, None]).to(gl.float16))
-            rescale = (alpha * (unit / block_unit))[None, :]
+            acc = acc * (alpha * (unit / block_unit))[None, :]
             unit = gl.full([_HEADS], 1.0, gl.float32, layout=heads_of) * block_unit
             fence_async_shared()
             gl.thread_barrier()
-            for c in gl.static_range(_CHUNKS):  # chunk c's MMA; from TILES on, widened once chunk c - TILES's is done
-                if c >= _TILES:
-                    codes = _chunk(kv, c, widen_layout)
-                    accs = warpgroup_mma_wait(num_outstanding=_TILES - 1, deps=accs)
-                    _tile(t0, t1, t2, c % _TILES).store(codes.to(gl.float16))
-                    fence_async_shared()
-                    gl.thread_barrier()
-                acc = warpgroup_mma(_tile(t0, t1, t2, c % _TILES).permute((1, 0)), p_smem, accs[c] * rescale,
-                                    is_async=True)
-                accs = accs[:c] + (acc,) + accs[c + 1:]
-            gl.thread_barrier()  # the codes are read: the buffer takes the block BUFFERS further
-            ahead = n + _BUFFERS * STRIDE
-            if ahead < end:
-                copy_block(kv_codes, pe_codes, cache_ptr, kv_pages, pe_pages, ahead, end, buf, stride_page,
-                           stride_slot, PAGE, kv_layout, pe_layout)
-            kv_pages = block_pages(table_row, ahead + STRIDE, end, PAGE, kv_rows)  # for the next block's copies
-            pe_pages = block_pages(table_row, ahead + STRIDE, end, PAGE, pe_rows)
-            accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)  # the tiles and p take the next block
+            acc = warpgroup_mma(kv16.permute((1, 0)), p_smem, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             row_scale = next_scale
 
         # No block (an empty range, or a context of 0) leaves l = 0: output 0 and log-sum-exp -inf.
@@ -227,10 +190,9 @@ if attn_gluon.gluon_reason() is None:
         part = (seq.to(gl.int64) * n_heads + heads) * SPLITS + _PARTS * split + PART
         lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         gl.store(part_lse_ptr + part, lse, mask=h_ok)
-        norm = (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
-        out = part_o_ptr + part[None, :] * _RANK + gl.arange(0, _WIDEN, layout=rows)[:, None]
-        for c in gl.static_range(_CHUNKS):
-            gl.store(out + c * _WIDEN, accs[c] * norm, mask=h_ok[None, :])
+        out = acc * (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
+        cols = gl.arange(0, _RANK, layout=rows)
+        gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
 
     @direct
     @gluon.jit
@@ -253,12 +215,9 @@ if attn_gluon.gluon_reason() is None:
         q8_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * _HEADS, _RANK], codes)
         qpe8_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * _HEADS, _ROPE], pe_codes_layout)
         head_qk_smem = gl.allocate_shared_memory(gl.float32, [_HEADS], flat)
-        kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS * _BUFFERS, _BLOCK_N, _RANK], codes)
-        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS * _BUFFERS, _BLOCK_N, _ROPE], pe_codes_layout)
-        # Three allocations, not one: the compiler puts a barrier between two stores into one buffer.
-        t0 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _WIDEN], swizzled)
-        t1 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _WIDEN], swizzled)
-        t2 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _WIDEN], swizzled)
+        kv_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _RANK], codes)
+        pe_codes = gl.allocate_shared_memory(gl.float8e4nv, [_PARTS, _BLOCK_N, _ROPE], pe_codes_layout)
+        kv16 = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _RANK], swizzled)
         p_smem = gl.allocate_shared_memory(gl.float16, [_PARTS, _BLOCK_N, _HEADS], p_layout)
         q_down = _query_fp8(q8_smem, qpe8_smem, q_ptr, gl.program_id(2), stride_qb, stride_qh,
                             gl.program_id(0) * _HEADS, n_heads, q_layout)
@@ -266,20 +225,21 @@ if attn_gluon.gluon_reason() is None:
         fence_async_shared()
         gl.thread_barrier()  # the query's tiles and head scales are in place for both partitions
         widen_layout: gl.constexpr = _widen_layout(_WIDEN)
-        # The widening reads the codes and writes the fp16 tiles free of bank conflicts (checked as it compiles).
-        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [_BLOCK_N, _RANK], _widen_layout(_RANK)),
+        # The widening reads the codes and writes the fp16 tile free of bank conflicts (checked as it compiles).
+        widened: gl.constexpr = _widen_layout(_RANK)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [_BLOCK_N, _RANK], widened),
                                            kv_codes.index(0).type) == 0)
-        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float16, [_BLOCK_N, _WIDEN], widen_layout),
-                                           t0.index(0).type) == 0)
+        gl.static_assert(gl.bank_conflicts(gl.distributed_type(gl.float16, [_BLOCK_N, _RANK], widened),
+                                           kv16.index(0).type) == 0)
         gl.warp_specialize([
-            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0.index(0), t1.index(0),
-                          t2.index(0), p_smem.index(0), cache_ptr, scale_ptr, tables_ptr,
-                          lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb, PAGE,
-                          SPLITS, 0, mma, mma32, kv_layout, pe_layout, widen_layout)),
-            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, t0.index(1), t1.index(1),
-                          t2.index(1), p_smem.index(1), cache_ptr, scale_ptr, tables_ptr,
-                          lens_ptr, part_o_ptr, part_lse_ptr, n_heads, stride_page, stride_slot, stride_tb, PAGE,
-                          SPLITS, 1, mma, mma32, kv_layout, pe_layout, widen_layout)),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(0),
+                          p_smem.index(0), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 0, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
+            (_partition, (q8_smem, qpe8_smem, head_qk_smem, kv_codes, pe_codes, kv16.index(1),
+                          p_smem.index(1), cache_ptr, scale_ptr, tables_ptr, lens_ptr, part_o_ptr, part_lse_ptr,
+                          n_heads, stride_page, stride_slot, stride_tb, PAGE, SPLITS, 1, mma, mma32, kv_layout,
+                          pe_layout, widen_layout)),
         ], [4], [WORKER_REGISTERS])
 
 
