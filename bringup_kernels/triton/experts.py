@@ -334,7 +334,8 @@ def candidates(pairs: int, experts: int, fp8: bool, dtype: torch.dtype) -> list[
         return [Config(16, up, 64, 4, 4, 4), Config(16, 128 if fp8 else 64, 128, 4, 4, 3)]
     if per_expert < 64:
         return [Config(32, 128 if fp8 else 64, 128, 4, 4, 4), Config(16, up, 64, 4, 4, 4)]
-    return [Config(64, 128 if fp8 else 64, 128, 8, 8, 3), Config(128, 128 if fp8 else 64, 128, 8, 8, 3)]
+    # FP8's second with 4 stages: 1.05-1.06x the default at 4096 tokens on two H100 runs (3 stages 1.02x)
+    return [Config(64, 128 if fp8 else 64, 128, 8, 8, 3), Config(128, 128 if fp8 else 64, 128, 8, 8, 4 if fp8 else 3)]
 
 
 def choose_config(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, scale_fmt) -> Config:
