@@ -99,17 +99,6 @@ if attn_gluon.gluon_reason() is None:
         return ((127 - 7 + exp) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _widen_by_integers(codes):
-        """e4m3 ``codes`` as fp16 values times 2^-8, exactly (a NaN code reads as 480 * 2^-8 with its
-        sign): each code's sign, exponent and mantissa bits moved into an fp16's places with integer
-        operations (byte permute with sign fill, shift, mask: 1.5 per code on the integer pipe),
-        beside the conversion instruction's own pipe, which converts the other chunks."""
-        return gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; prmt.b32 lo, $2, 0, 0x9180; prmt.b32 hi, $2, 0, 0xB3A2; shl.b32 lo, lo, 7; "
-            "shl.b32 hi, hi, 7; and.b32 $0, lo, 0xBF80BF80; and.b32 $1, hi, 0xBF80BF80; }",
-            "=r,=r,r", [codes.to(gl.uint8, bitcast=True)], dtype=gl.float16, is_pure=True, pack=4)
-
-    @gluon.jit
     def _scores(kv_codes, pe_codes, q8_smem, qpe8_smem, kv16, mma32: gl.constexpr, mma: gl.constexpr,
                 widen_layout: gl.constexpr):
         """A block's scores [64 rows, 16 heads] (the codes' dots with the query, before the row
@@ -121,10 +110,7 @@ if attn_gluon.gluon_reason() is None:
         for c in gl.static_range(_RANK // _WIDEN):  # each chunk's loads issued before the last chunk's stores
             if c + 1 < _RANK // _WIDEN:
                 later = kv_codes.slice((c + 1) * _WIDEN, _WIDEN, dim=1).load(widen_layout)
-            if c % 2:  # every other chunk on the integer pipe, times 2^-8 (exact either way)
-                kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(_widen_by_integers(codes))
-            else:
-                kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))
+            kv16.slice(c * _WIDEN, _WIDEN, dim=1).store(codes.to(gl.float16))  # e4m3 -> fp16 is exact
             if c + 1 < _RANK // _WIDEN:
                 codes = later
         s2 = warpgroup_mma_wait(num_outstanding=0, deps=(s2,))
@@ -204,9 +190,8 @@ if attn_gluon.gluon_reason() is None:
         part = (seq.to(gl.int64) * n_heads + heads) * SPLITS + _PARTS * split + PART
         lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         gl.store(part_lse_ptr + part, lse, mask=h_ok)
+        out = acc * (unit / gl.where(l_i > 0, l_i, 1.0))[None, :]
         cols = gl.arange(0, _RANK, layout=rows)
-        lifted = gl.where((cols // _WIDEN) % 2 == 1, 256.0, 1.0)  # the odd chunks' codes were widened times 2^-8
-        out = acc * ((unit / gl.where(l_i > 0, l_i, 1.0))[None, :] * lifted[:, None])
         gl.store(part_o_ptr + part[None, :] * _RANK + cols[:, None], out, mask=h_ok[None, :])
 
     @direct
